@@ -1,0 +1,38 @@
+"""fastvec: shared-memory, zero-copy vector environments, a Cython GAE and a PPO trainer.
+
+Front doors:
+
+- ``fastvec.AsyncVectorEnv``: a ``gymnasium.vector.VectorEnv``.
+- ``fastvec.SubprocVecEnv``: Stable-Baselines3's ``VecEnv`` API (SB3 optional).
+
+Both run on ``fastvec.Engine``. ``fastvec.gae`` computes GAE over ``[T, N]`` rollouts.
+"""
+from .errors import ClosedError, WorkerError
+
+__version__ = "0.1.0"
+
+# Imported on first use: SubprocVecEnv pulls in SB3 (and so torch) when it is installed.
+_LAZY = {
+    "Engine": ("fastvec.engine", "Engine"),
+    "AsyncVectorEnv": ("fastvec.vector", "AsyncVectorEnv"),
+    "SubprocVecEnv": ("fastvec.sb3", "SubprocVecEnv"),
+    "gae": ("fastvec.gae", "gae"),
+    "gae_from_dones": ("fastvec.gae", "gae_from_dones"),
+}
+
+__all__ = ["WorkerError", "ClosedError", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fastvec' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

@@ -1,0 +1,121 @@
+"""Validation of batched actions before anything is dispatched to a worker.
+
+A bad action raises ``ValueError`` in the caller's process, with nothing sent, so the
+vector env stays usable. Actions are written into shared memory in the space's dtype.
+"""
+from __future__ import annotations
+
+import numpy as np
+from gymnasium import spaces
+
+from .layout import Leaf, get_path, leaves_of
+
+
+def _where(leaf: Leaf) -> str:
+    return "actions" + "".join(f"[{k!r}]" for k in leaf.path)
+
+
+def _as_array(value, where: str) -> np.ndarray:
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"{where} must be numeric, got a {type(value).__name__}")
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # e.g. a CUDA tensor, ragged lists
+        raise ValueError(f"{where} could not be converted to a numpy array: {exc}") from None
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{where} must be numeric, got dtype {arr.dtype}")
+    return arr
+
+
+class _LeafCheck:
+    """Checks one leaf's batch: dtype kind, shape and bounds, precomputed once."""
+
+    def __init__(self, leaf: Leaf, num_envs: int):
+        self.leaf = leaf
+        self.where = _where(leaf)
+        self.shape = (num_envs,) + leaf.shape
+        self.dtype = leaf.dtype
+        space = leaf.space
+        self.low = self.high = None
+        if isinstance(space, spaces.Box):
+            self.kinds = "iuf"
+            low = np.asarray(space.low, dtype=np.float64)
+            high = np.asarray(space.high, dtype=np.float64)
+            if np.isfinite(low).any() or np.isfinite(high).any():
+                self.low, self.high = low, high
+            self.integral = space.dtype.kind in "iu"
+        elif isinstance(space, spaces.Discrete):
+            self.kinds = "iu"
+            self.low, self.high = int(space.start), int(space.start + space.n - 1)
+            self.integral = True
+        elif isinstance(space, spaces.MultiDiscrete):
+            self.kinds = "iu"
+            self.low, self.high = space.start, space.start + space.nvec - 1
+            self.integral = True
+        elif isinstance(space, spaces.MultiBinary):
+            self.kinds = "biu"
+            self.low, self.high = 0, 1
+            self.integral = True
+        else:  # pragma: no cover - leaves_of rejects other spaces
+            raise ValueError(f"unsupported action space {space}")
+
+    def check(self, value) -> np.ndarray:
+        arr = _as_array(value, self.where)
+        if arr.dtype.kind not in self.kinds:
+            raise ValueError(
+                f"{self.where} has dtype {arr.dtype}, but {type(self.leaf.space).__name__} actions "
+                f"need {'integers' if self.kinds != 'iuf' else 'numbers'}"
+                + (" (NaN is not an action)" if arr.dtype.kind == "f" else "")
+            )
+        if arr.shape != self.shape:
+            raise ValueError(
+                f"{self.where} has shape {arr.shape}, expected {self.shape} (num_envs, *action_shape)"
+            )
+        if arr.dtype.kind == "f":
+            if np.isnan(arr).any():
+                raise ValueError(f"{self.where} contains NaN")
+            if self.integral:  # an integer Box: floats must be whole numbers
+                if not np.array_equal(arr, np.round(arr)):
+                    raise ValueError(f"{self.where} must hold whole numbers for dtype {self.dtype}")
+        if self.low is not None:
+            # Compare in the space's dtype: what the env will actually receive.
+            cast = arr.astype(self.dtype, copy=False) if arr.dtype.kind == "f" else arr
+            bad = (cast < self.low) | (cast > self.high)
+            if bad.any():
+                env = int(np.argwhere(bad)[0][0])
+                raise ValueError(
+                    f"{self.where} for env {env} is out of range: {arr[env]!r} not within "
+                    f"[{np.min(self.low)}, {np.max(self.high)}] of {self.leaf.space}"
+                )
+        return arr
+
+
+class ActionWriter:
+    """Validates a batch of actions for ``space`` and writes it into ``leaves[slot]``."""
+
+    def __init__(self, space: spaces.Space, num_envs: int):
+        self.space = space
+        self.leaves = leaves_of(space)
+        self.checks = [_LeafCheck(leaf, num_envs) for leaf in self.leaves]
+        self.nested = isinstance(space, (spaces.Dict, spaces.Tuple))
+
+    def validate(self, actions) -> list[np.ndarray]:
+        """Return one checked array per leaf, or raise ValueError."""
+        if actions is None:
+            raise ValueError("actions must not be None")
+        if not self.nested:
+            return [self.checks[0].check(actions)]
+        out = []
+        for chk in self.checks:
+            try:
+                value = get_path(actions, chk.leaf.path)
+            except (KeyError, IndexError, TypeError):
+                raise ValueError(
+                    f"{chk.where} is missing: actions must be batched like {self.space}"
+                ) from None
+            out.append(chk.check(value))
+        return out
+
+    def write(self, arrays: list[np.ndarray], dest_leaves: list[np.ndarray], slot: int) -> None:
+        for arr, dest in zip(arrays, dest_leaves):
+            dest[slot] = arr

@@ -1,0 +1,556 @@
+"""The engine: worker processes, one shared-memory segment, tiny control messages.
+
+Both front doors (``fastvec.SubprocVecEnv`` and ``fastvec.AsyncVectorEnv``) and the
+trainer drive an ``Engine``; none of them touches a socket. The engine lays out the
+segment from the spaces, writes actions into a slot, wakes the workers with one
+16-byte header each, and turns every failure into a ``WorkerError``.
+
+Slots: every array in the segment has a leading ``num_slots`` axis. A step reads its
+actions from slot k and writes its results into slot k, so results of earlier steps
+stay readable in place until their slot is reused.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import time
+import weakref
+from collections.abc import Callable, Sequence
+
+import cloudpickle
+import numpy as np
+
+from . import _engine as E
+from .actions import ActionWriter
+from .errors import ClosedError, WorkerError
+from .layout import build_nested, leaves_of, plan_segment
+from .shm import create_segment, release_segment
+from .worker import worker_main
+
+AUTORESET_MODES = {
+    "same_step": E.AUTORESET_SAME_STEP,
+    "next_step": E.AUTORESET_NEXT_STEP,
+    "disabled": E.AUTORESET_DISABLED,
+}
+_CLOSE_GRACE_S = 2.0
+# How long a waiting side spins on shared memory before sleeping on its socket.
+# Workers spin longer: the parent's next command usually follows within ~100 us.
+# The parent spins briefly: spinning longer steals a core from a worker on small
+# machines (measured on 2 cores: 20 us beat both 0 and 100 us).
+DEFAULT_SPIN_US = 200.0
+DEFAULT_MAIN_SPIN_US = 20.0
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def split_envs(num_envs: int, num_workers: int) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) groups whose sizes differ by at most one."""
+    base, extra = divmod(num_envs, num_workers)
+    groups, start = [], 0
+    for w in range(num_workers):
+        stop = start + base + (1 if w < extra else 0)
+        groups.append((start, stop))
+        start = stop
+    return groups
+
+
+def _check_positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _check_timeout(value, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value != value:
+        raise ValueError(f"{name} must be a positive number of seconds or None, got {value!r}")
+    return float(value)
+
+
+def _check_spin(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+        raise ValueError(f"{name} must be a number of microseconds in [0, 1e6), got {value!r}")
+    return float(value)
+
+
+def _shutdown(procs, conns, segment_box, grace: float) -> None:
+    """Stop workers and free the segment. Module-level so a finalizer can call it
+    without keeping the engine alive; safe to run twice.
+
+    Closing our end of a worker's socket is the close command: the worker reads end of
+    file, closes its envs and exits. Stragglers (an env stuck in a step) get SIGTERM,
+    then SIGKILL.
+    """
+    for conn in conns:
+        try:
+            conn.close()
+        except OSError:
+            pass
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)
+    for proc in procs:
+        try:
+            proc.close()
+        except ValueError:
+            pass
+    segment = segment_box.pop() if segment_box else None
+    release_segment(segment, unlink=True)
+
+
+class Engine:
+    """Runs ``len(env_fns)`` envs in ``num_workers`` processes over shared memory.
+
+    Parameters
+    ----------
+    env_fns : sequence of callables
+        Each returns a gymnasium env; pickled with cloudpickle (lambdas work).
+    num_workers : int, optional
+        Worker processes; defaults to ``min(num_envs, cores)``.
+    num_slots : int
+        Depth of the ring of result slots (>= 1).
+    autoreset_mode : {"same_step", "next_step", "disabled"}
+        What a worker does when an episode ends (see ``_engine.Stepper.step``).
+    context : str, optional
+        Start method: "fork", "forkserver" or "spawn"; default: multiprocessing's.
+    step_timeout : float, optional
+        Seconds to wait for workers before raising ``WorkerError``; None waits forever
+        (a dead worker is still noticed at once).
+    start_timeout : float, optional
+        Seconds to wait for workers to build their envs.
+    spin_us, main_spin_us : float, optional
+        Microseconds a waiting worker (resp. the parent) polls shared memory, yielding
+        the CPU, before it sleeps on its socket; 0 always sleeps.
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable],
+        *,
+        num_workers: int | None = None,
+        num_slots: int = 2,
+        autoreset_mode: str = "same_step",
+        context: str | None = None,
+        step_timeout: float | None = None,
+        start_timeout: float | None = 300.0,
+        spin_us: float | None = None,
+        main_spin_us: float | None = None,
+    ):
+        self._closed = True  # until fully started
+        if isinstance(env_fns, (str, bytes)) or not isinstance(env_fns, Sequence):
+            try:
+                env_fns = list(env_fns)
+            except TypeError:
+                raise ValueError("env_fns must be a sequence of callables that return envs") from None
+        if len(env_fns) == 0:
+            raise ValueError("env_fns is empty: give at least one env factory")
+        for i, fn in enumerate(env_fns):
+            if not callable(fn):
+                raise ValueError(f"env_fns[{i}] is not callable (got {type(fn).__name__})")
+        num_envs = len(env_fns)
+        if num_workers is None:
+            num_workers = min(num_envs, available_cores())
+        num_workers = _check_positive_int(num_workers, "num_workers")
+        if num_workers > num_envs:
+            raise ValueError(f"num_workers={num_workers} exceeds num_envs={num_envs}")
+        self.num_slots = _check_positive_int(num_slots, "num_slots")
+        if autoreset_mode not in AUTORESET_MODES:
+            raise ValueError(f"autoreset_mode must be one of {sorted(AUTORESET_MODES)}, got {autoreset_mode!r}")
+        self.autoreset_mode = autoreset_mode
+        self.step_timeout = _check_timeout(step_timeout, "step_timeout")
+        self.spin_us = _check_spin(DEFAULT_SPIN_US if spin_us is None else spin_us, "spin_us")
+        self.main_spin_us = _check_spin(
+            DEFAULT_MAIN_SPIN_US if main_spin_us is None else main_spin_us, "main_spin_us")
+        start_timeout = _check_timeout(start_timeout, "start_timeout")
+        if context is not None and context not in mp.get_all_start_methods():
+            raise ValueError(f"context must be one of {mp.get_all_start_methods()}, got {context!r}")
+        ctx = mp.get_context(context)
+        self.context = ctx.get_start_method()
+
+        self.num_envs = num_envs
+        self.num_workers = num_workers
+        self.groups = split_envs(num_envs, num_workers)
+        self._env_worker = np.repeat(np.arange(num_workers), [b - a for a, b in self.groups])
+
+        self._procs, self._conns = [], []
+        self._segment_box: list = []
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._procs, self._conns, self._segment_box, _CLOSE_GRACE_S
+        )
+        self._broken: str | None = None
+        self._pending_slot: int | None = None
+        try:
+            self._start(ctx, env_fns, start_timeout)
+        except BaseException:
+            self._finalizer()
+            raise
+        self._closed = False
+
+    # ------------------------------------------------------------------ start-up
+    def _start(self, ctx, env_fns, start_timeout) -> None:
+        child_conns = []
+        for _ in range(self.num_workers):
+            parent, child = ctx.Pipe(duplex=True)
+            self._conns.append(parent)
+            child_conns.append(child)
+        main_pid = os.getpid()
+        mode = AUTORESET_MODES[self.autoreset_mode]
+        for w, (start, stop) in enumerate(self.groups):
+            blob = cloudpickle.dumps(list(env_fns[start:stop]))
+            # With fork the child inherits every socket; it closes all but its own.
+            close_fds = (
+                [c.fileno() for c in self._conns] + [c.fileno() for k, c in enumerate(child_conns) if k != w]
+                if self.context == "fork" else []
+            )
+            proc = ctx.Process(
+                target=worker_main,
+                args=(w, child_conns[w], blob, start, self.num_envs, mode, main_pid, close_fds),
+                name=f"fastvec-worker-{w}",
+                daemon=True,
+            )
+            proc.start()
+            self._procs.append(proc)
+        for child in child_conns:
+            child.close()
+        self._fds = np.array([c.fileno() for c in self._conns], dtype=np.intc)
+
+        # Phase 1: every worker builds its envs and reports their spaces.
+        replies = self._gather_raw(start_timeout, "starting")
+        per_env = []
+        for w in range(self.num_workers):
+            per_env += replies[w]
+        obs_space, act_space, metadata, render_mode, spec = per_env[0]
+        for i, (o, a, *_rest) in enumerate(per_env):
+            if o != obs_space:
+                raise ValueError(
+                    f"env {i} has observation space {o}, but env 0 has {obs_space}: "
+                    "all envs of a vector env must share their spaces"
+                )
+            if a != act_space:
+                raise ValueError(
+                    f"env {i} has action space {a}, but env 0 has {act_space}: "
+                    "all envs of a vector env must share their spaces"
+                )
+        self.single_observation_space = obs_space
+        self.single_action_space = act_space
+        self.env_metadata = metadata
+        self.render_mode = render_mode
+        self.spec = spec
+        self.obs_leaves_info = leaves_of(obs_space)
+        self.act_leaves_info = leaves_of(act_space)
+        self._action_writer = ActionWriter(act_space, self.num_envs)
+
+        # Phase 2: one segment for everything, laid out once.
+        plan = plan_segment(obs_space, act_space, self.num_slots, self.num_envs, self.num_workers, E.CTL_COLS)
+        segment = create_segment(plan.size)
+        self._segment_box.append(segment)
+        self.shm_name = segment.name
+        arrays = plan.arrays(segment.buf)
+        n_obs, n_act = len(self.obs_leaves_info), len(self.act_leaves_info)
+        self.obs_bufs = [arrays[f"obs{i}"] for i in range(n_obs)]
+        self.final_bufs = [arrays[f"final{i}"] for i in range(n_obs)]
+        self.act_bufs = [arrays[f"act{i}"] for i in range(n_act)]
+        self.rewards = arrays["rewards"]
+        self.terminated = arrays["terminated"]
+        self.truncated = arrays["truncated"]
+        self._ctl = E.Controller(arrays["ctl"], self._fds, self.main_spin_us)
+        payload = pickle.dumps(
+            (segment.name, plan.entries, self.num_slots, obs_space, act_space, n_obs, n_act, self.spin_us)
+        )
+        for conn in self._conns:
+            E.send_header(conn.fileno(), E.CMD_SPACES, 0, 0, payload)
+        self._gather_raw(start_timeout, "attaching shared memory")
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def worker_pids(self) -> list[int]:
+        return [int(p.pid) for p in self._procs]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("this vector env is closed")
+        if self._broken is not None:
+            raise WorkerError(f"the vector env is unusable after an earlier failure: {self._broken}; close it")
+        if self._pending_slot is not None:
+            raise RuntimeError("a step is in flight: call step_wait() before anything else")
+
+    def _worker_desc(self, w: int) -> str:
+        a, b = self.groups[w]
+        pid = self._procs[w].pid if w < len(self._procs) else None
+        return f"worker {w} (pid {pid}, envs {a}..{b - 1})"
+
+    def _fail(self, w: int, message: str, **extra) -> WorkerError:
+        self._broken = message
+        return WorkerError(message, worker=w, env_indices=range(*self.groups[w]), **extra)
+
+    def _death_message(self, w: int, doing: str) -> str:
+        proc = self._procs[w]
+        proc.join(0.5)
+        code = proc.exitcode
+        if code is None:
+            how = "closed its control socket"
+        elif code < 0:
+            how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        return f"{self._worker_desc(w)} {how} while {doing}"
+
+    def _gather_raw(self, timeout, doing: str) -> dict:
+        """Start-up replies, read straight off the sockets (no control block yet)."""
+        from multiprocessing.connection import wait
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies: dict[int, tuple] = {}
+        by_conn = {id(c): w for w, c in enumerate(self._conns)}
+        while len(replies) < self.num_workers:
+            left = [c for w, c in enumerate(self._conns) if w not in replies]
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait(left, remaining)
+            if not ready:
+                w = by_conn[id(left[0])]
+                raise self._fail(w, f"{self._worker_desc(w)} did not answer within {timeout:g} s while {doing}")
+            for conn in ready:
+                w = by_conn[id(conn)]
+                try:
+                    cmd, rslot, arg, n = E.recv_header(conn.fileno())
+                    replies[w] = (cmd, rslot, arg, E.recv_payload(conn.fileno(), n) if n else None)
+                except E.PeerClosed:
+                    raise self._fail(w, self._death_message(w, doing)) from None
+                except ValueError as exc:
+                    raise self._fail(w, f"{self._worker_desc(w)} sent a malformed message while {doing}: {exc}") from None
+        return self._decode(replies, doing)
+
+    def _gather(self, workers, timeout, doing: str, slot: int | None = None) -> dict:
+        """Collect one reply from each worker in ``workers``: {worker: payload object}.
+
+        A dead, silent or garbling worker breaks the engine (``WorkerError``); an env
+        that raised is reported as ``WorkerError`` after every reply is in, and the
+        engine stays usable.
+        """
+        workers = np.asarray(list(workers), dtype=np.intc)
+        status, w = self._ctl.wait(workers, -1.0 if timeout is None else timeout)
+        if status == 1:
+            raise self._fail(w, f"{self._worker_desc(w)} did not answer within {timeout:g} s while {doing}")
+        if status == 2:
+            raise self._fail(w, self._death_message(w, doing))
+        replies = {}
+        for w in workers.tolist():
+            try:
+                replies[w] = self._ctl.reply(w)
+            except E.PeerClosed:
+                raise self._fail(w, self._death_message(w, doing)) from None
+            except ValueError as exc:
+                raise self._fail(w, f"{self._worker_desc(w)} sent a malformed message while {doing}: {exc}") from None
+            if slot is not None and replies[w][0] == E.REPLY_DONE and replies[w][1] != slot:
+                raise self._fail(w, f"{self._worker_desc(w)} answered for slot {replies[w][1]} "
+                                    f"instead of {slot} while {doing}")
+        return self._decode(replies, doing)
+
+    def _decode(self, replies: dict, doing: str) -> dict:
+        """Unpickle payloads; raise the first env error once all replies are read."""
+        results, error = {}, None
+        for w, (cmd, _slot, _arg, blob) in replies.items():
+            if cmd not in (E.REPLY_DONE, E.REPLY_RESULT, E.REPLY_ERROR, E.REPLY_READY):
+                raise self._fail(w, f"{self._worker_desc(w)} sent a malformed control message "
+                                    f"(reply code {cmd}) while {doing}")
+            try:
+                obj = pickle.loads(blob) if blob is not None else None
+            except Exception as exc:
+                raise self._fail(w, f"{self._worker_desc(w)} sent an unreadable payload while {doing}: {exc}") from None
+            if cmd == E.REPLY_ERROR:
+                if error is None:
+                    error = (w, obj)
+                continue
+            results[w] = obj
+        if error is not None:
+            w, info = error
+            if not isinstance(info, dict) or not {"exc_type", "message", "traceback", "during"} <= info.keys():
+                raise self._fail(w, f"{self._worker_desc(w)} sent a malformed error report while {doing}")
+            idx = info.get("env_index")
+            where = f"env {idx}" if idx is not None else self._worker_desc(w)
+            raise WorkerError(
+                f"{where} raised {info['exc_type']}: {info['message']} (during {info['during']}, "
+                f"in {self._worker_desc(w)})",
+                worker=w, env_indices=range(*self.groups[w]), env_index=idx,
+                exc_type=info["exc_type"], exc_message=info["message"],
+                worker_traceback=info["traceback"],
+            )
+        return results
+
+    # ------------------------------------------------------------------ stepping
+    def validate_actions(self, actions) -> list[np.ndarray]:
+        """Check a batch of actions; ValueError (with nothing dispatched) if bad."""
+        return self._action_writer.validate(actions)
+
+    def step_async(self, actions, slot: int) -> None:
+        """Write ``actions`` into ``slot`` and wake every worker."""
+        self._check_usable()
+        arrays = self._action_writer.validate(actions)
+        self._action_writer.write(arrays, self.act_bufs, slot)
+        self.step_async_written(slot)
+
+    def step_async_written(self, slot: int) -> None:
+        """Wake the workers for actions already written into ``act_bufs[.][slot]``."""
+        self._check_usable()
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot must be in [0, {self.num_slots}), got {slot}")
+        try:
+            self._ctl.issue_all(E.CMD_STEP, slot)
+        except OSError as exc:
+            raise self._fail(0, f"could not reach the workers: {exc}") from None
+        self._pending_slot = slot
+
+    def step_wait(self, timeout: float | None = ...) -> list:
+        """Wait for the step in flight. Returns a list of ``(env_index, step_info,
+        reset_info)`` for the envs that reported something (ended episodes, infos)."""
+        if self._pending_slot is None:
+            raise RuntimeError("step_wait() called without step_async()")
+        slot, self._pending_slot = self._pending_slot, None
+        if timeout is ...:
+            timeout = self.step_timeout
+        replies = self._gather(range(self.num_workers), timeout, "stepping", slot=slot)
+        records = []
+        for w, recs in replies.items():
+            if recs:
+                start = self.groups[w][0]
+                records += [(start + j, step_info, reset_info) for j, step_info, reset_info in recs]
+        return records
+
+    # ------------------------------------------------------------------ commands
+    def _targets(self, indices) -> dict[int, list[int]]:
+        """Group global env indices by worker: {worker: [local indices]}."""
+        out: dict[int, list[int]] = {}
+        for i in indices:
+            w = int(self._env_worker[i])
+            out.setdefault(w, []).append(i - self.groups[w][0])
+        return out
+
+    def normalize_indices(self, indices) -> list[int]:
+        if indices is None:
+            return list(range(self.num_envs))
+        if isinstance(indices, (int, np.integer)) and not isinstance(indices, bool):
+            indices = [indices]
+        try:
+            out = [int(operator_index(i)) for i in indices]
+        except TypeError:
+            raise ValueError(f"indices must be None, an int or a sequence of ints, got {indices!r}") from None
+        for i in out:
+            if not -self.num_envs <= i < self.num_envs:
+                raise ValueError(f"env index {i} out of range for {self.num_envs} envs")
+        return [i % self.num_envs for i in out]
+
+    def reset(self, slot: int, kwargs_per_env: dict[int, dict]) -> dict[int, dict]:
+        """Reset the envs named in ``kwargs_per_env`` ({env: reset kwargs}), writing
+        their observations into ``slot``. Returns {env: reset info}."""
+        self._check_usable()
+        targets: dict[int, list] = {}
+        for i, kwargs in kwargs_per_env.items():
+            w = int(self._env_worker[i])
+            targets.setdefault(w, []).append((i - self.groups[w][0], kwargs))
+        self._send_commands(E.CMD_RESET, slot, targets)
+        replies = self._gather(targets, self.step_timeout, "resetting")
+        infos = {}
+        for w, recs in replies.items():
+            start = self.groups[w][0]
+            for j, info in recs:
+                infos[start + j] = info
+        return infos
+
+    def call(self, kind: str, name, args=(), kwargs=None, indices=None, values=None) -> list:
+        """Run ``kind`` (see worker._do_call) on the envs at ``indices``, in order."""
+        self._check_usable()
+        indices = self.normalize_indices(indices)
+        targets: dict[int, list] = {}
+        for n, i in enumerate(indices):
+            w = int(self._env_worker[i])
+            targets.setdefault(w, []).append((i - self.groups[w][0], None if values is None else values[n]))
+        per_worker = {
+            w: (kind, name, tuple(args), dict(kwargs or {}), t) for w, t in targets.items()
+        }
+        self._send_commands(E.CMD_CALL, 0, per_worker, per_worker_payload=True)
+        replies = self._gather(targets, self.step_timeout, f"{kind}({name!r})")
+        cursor = {w: iter(r) for w, r in replies.items()}
+        return [next(cursor[int(self._env_worker[i])]) for i in indices]
+
+    def _send_commands(self, cmd: int, slot: int, targets: dict, per_worker_payload=False) -> None:
+        for w, payload in targets.items():
+            try:
+                blob = cloudpickle.dumps(payload)
+            except Exception as exc:
+                raise ValueError(f"could not pickle the arguments for the workers: {exc}") from None
+            try:
+                self._ctl.issue(w, cmd, slot, blob)
+            except OSError:
+                raise self._fail(w, self._death_message(w, "receiving a command")) from None
+
+    # ------------------------------------------------------------------ views
+    def obs_view(self, slot: int, space=None):
+        """The batched observation of ``slot`` as views (Dict/Tuple rebuilt)."""
+        return build_nested(space or self.single_observation_space, [b[slot] for b in self.obs_bufs])[0]
+
+    def final_obs_of(self, slot: int, i: int):
+        """A copy of env i's final observation of the episode that ended in ``slot``."""
+        parts = [np.array(b[slot, i]) for b in self.final_bufs]
+        return build_nested(self.single_observation_space, parts)[0]
+
+    def obs_of(self, slot: int, i: int):
+        parts = [np.array(b[slot, i]) for b in self.obs_bufs]
+        return build_nested(self.single_observation_space, parts)[0]
+
+    # ------------------------------------------------------------------ close
+    def close(self) -> None:
+        """Stop the workers and unlink the segment. Idempotent."""
+        if getattr(self, "_closed", True) and not hasattr(self, "_finalizer"):
+            return
+        self._closed = True
+        if self._pending_slot is not None and self._broken is None:
+            # Let a step in flight finish so workers are idle when told to close.
+            try:
+                self._gather(range(self.num_workers), _CLOSE_GRACE_S, "closing")
+            except Exception:
+                pass
+            self._pending_slot = None
+        # Drop our views before the mapping is closed.
+        for name in ("obs_bufs", "final_bufs", "act_bufs"):
+            if hasattr(self, name):
+                setattr(self, name, [])
+        self._ctl = None
+        for name in ("rewards", "terminated", "truncated"):
+            if hasattr(self, name):
+                setattr(self, name, None)
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def operator_index(i):
+    import operator
+
+    if isinstance(i, bool):
+        raise TypeError("bool is not an index")
+    return operator.index(i)

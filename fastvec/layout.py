@@ -1,0 +1,115 @@
+"""How spaces map onto shared memory: one typed array per leaf of a space.
+
+A *leaf* is a Box, Discrete, MultiDiscrete or MultiBinary space, possibly nested inside
+Dict and Tuple spaces. Every leaf gets an array of shape ``[num_slots, num_envs, *shape]``
+carved out of one segment; the nesting is kept as a list of access paths so that a
+batched Dict/Tuple value can be rebuilt from views without copying.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gymnasium import spaces
+
+ALIGN = 64  # cache-line alignment of every array in the segment
+
+
+@dataclass(frozen=True)
+class Leaf:
+    path: tuple  # keys (Dict) and indices (Tuple) from the root to this leaf
+    space: spaces.Space
+    shape: tuple
+    dtype: np.dtype
+
+
+def leaves_of(space: spaces.Space, path: tuple = ()) -> list[Leaf]:
+    """The leaves of ``space`` in a fixed depth-first order."""
+    if isinstance(space, spaces.Dict):
+        out = []
+        for key, sub in space.spaces.items():
+            out += leaves_of(sub, path + (key,))
+        return out
+    if isinstance(space, spaces.Tuple):
+        out = []
+        for idx, sub in enumerate(space.spaces):
+            out += leaves_of(sub, path + (idx,))
+        return out
+    if isinstance(space, spaces.Box):
+        return [Leaf(path, space, tuple(space.shape), np.dtype(space.dtype))]
+    if isinstance(space, spaces.Discrete):
+        return [Leaf(path, space, (), np.dtype(space.dtype))]
+    if isinstance(space, spaces.MultiDiscrete):
+        return [Leaf(path, space, tuple(space.nvec.shape), np.dtype(space.dtype))]
+    if isinstance(space, spaces.MultiBinary):
+        return [Leaf(path, space, tuple(np.atleast_1d(space.shape)), np.dtype(space.dtype))]
+    where = "/".join(map(str, path)) or "the space"
+    raise ValueError(
+        f"fastvec cannot lay out {type(space).__name__} (at {where}) in shared memory; "
+        "supported leaves are Box, Discrete, MultiDiscrete and MultiBinary inside Dict and Tuple"
+    )
+
+
+def get_path(value, path: tuple):
+    for key in path:
+        value = value[key]
+    return value
+
+
+def build_nested(space: spaces.Space, arrays: list, start: int = 0):
+    """Rebuild a Dict/Tuple-shaped value from per-leaf values in ``leaves_of`` order.
+
+    Returns ``(value, next_index)``.
+    """
+    if isinstance(space, spaces.Dict):
+        out = {}
+        for key, sub in space.spaces.items():
+            out[key], start = build_nested(sub, arrays, start)
+        return out, start
+    if isinstance(space, spaces.Tuple):
+        items = []
+        for sub in space.spaces:
+            item, start = build_nested(sub, arrays, start)
+            items.append(item)
+        return tuple(items), start
+    return arrays[start], start + 1
+
+
+class SegmentPlan:
+    """Byte offsets of named arrays inside one segment, computed before allocation."""
+
+    def __init__(self):
+        self.entries: list[tuple[str, tuple, np.dtype, int]] = []
+        self.size = 0
+
+    def add(self, name: str, shape: tuple, dtype) -> None:
+        dtype = np.dtype(dtype)
+        offset = -(-self.size // ALIGN) * ALIGN
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.entries.append((name, tuple(shape), dtype, offset))
+        self.size = offset + nbytes
+
+    def arrays(self, buf) -> dict[str, np.ndarray]:
+        """Numpy views of every planned array over ``buf`` (a memoryview)."""
+        out = {}
+        for name, shape, dtype, offset in self.entries:
+            count = int(np.prod(shape, dtype=np.int64))
+            out[name] = np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(shape)
+        return out
+
+
+def plan_segment(obs_space, act_space, num_slots: int, num_envs: int, num_workers: int,
+                 ctl_cols: int) -> SegmentPlan:
+    """Lay out the control block, observations, final observations, actions, rewards
+    and flags."""
+    plan = SegmentPlan()
+    plan.add("ctl", (num_workers + 1, ctl_cols), np.int64)
+    for i, leaf in enumerate(leaves_of(obs_space)):
+        plan.add(f"obs{i}", (num_slots, num_envs) + leaf.shape, leaf.dtype)
+        plan.add(f"final{i}", (num_slots, num_envs) + leaf.shape, leaf.dtype)
+    for i, leaf in enumerate(leaves_of(act_space)):
+        plan.add(f"act{i}", (num_slots, num_envs) + leaf.shape, leaf.dtype)
+    plan.add("rewards", (num_slots, num_envs), np.float64)
+    plan.add("terminated", (num_slots, num_envs), np.bool_)
+    plan.add("truncated", (num_slots, num_envs), np.bool_)
+    return plan

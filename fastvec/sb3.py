@@ -1,0 +1,322 @@
+"""Front door 1: ``fastvec.SubprocVecEnv``, a drop-in for SB3's and baselines' SubprocVecEnv.
+
+It speaks SB3's ``VecEnv`` API (4-tuple steps, ``terminal_observation`` and
+``TimeLimit.truncated`` in infos, ``env_method``, ...) over the shared-memory engine.
+When Stable-Baselines3 is installed the class derives from its ``VecEnv`` so SB3's
+algorithms and wrappers accept it; SB3 stays optional.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from copy import deepcopy
+from typing import Any
+
+import numpy as np
+
+from .engine import Engine
+from .errors import ClosedError
+
+try:  # SB3 is optional: without it the class is a plain object with the same API.
+    from stable_baselines3.common.vec_env.base_vec_env import VecEnv as _Base
+except ImportError:  # pragma: no cover - exercised in environments without SB3
+    _Base = object
+
+
+def tile_images(images: Sequence[np.ndarray]) -> np.ndarray:
+    """Tile N HxWxC images into one near-square grid (SB3's layout)."""
+    imgs = np.asarray(images)
+    n, h, w, c = imgs.shape
+    rows = int(np.ceil(np.sqrt(n)))
+    cols = int(np.ceil(n / rows))
+    padded = np.zeros((rows * cols, h, w, c), dtype=imgs.dtype)
+    padded[:n] = imgs
+    return padded.reshape(rows, cols, h, w, c).transpose(0, 2, 1, 3, 4).reshape(rows * h, cols * w, c)
+
+
+class SubprocVecEnv(_Base):
+    """Shared-memory multiprocess vector env with Stable-Baselines3's ``VecEnv`` API.
+
+    Parameters
+    ----------
+    env_fns : list of callables
+        Functions returning gymnasium envs (pickled with cloudpickle; lambdas work).
+    start_method : str, optional
+        "fork", "forkserver" or "spawn"; default: multiprocessing's default.
+    num_workers : int, optional
+        Worker processes (default ``min(num_envs, cores)``); each runs a contiguous
+        group of envs, so ``num_envs`` may exceed the core count.
+    copy : bool, default True
+        Return observations as fresh arrays. With ``copy=False`` they are read-only
+        views into shared memory, valid until ``num_slots - 1`` further ``step``/``reset``
+        calls have returned (the default ring of 2 keeps the previous observation
+        intact through the next step, as SB3's algorithms need).
+    num_slots : int, default 2
+        Depth of the ring of result slots.
+    step_timeout : float, optional
+        Seconds before a silent worker raises ``fastvec.WorkerError``.
+    """
+
+    def __init__(
+        self,
+        env_fns: list[Callable],
+        start_method: str | None = None,
+        *,
+        num_workers: int | None = None,
+        copy: bool = True,
+        num_slots: int = 2,
+        step_timeout: float | None = None,
+    ):
+        self.closed = True
+        self.waiting = False
+        self._engine = Engine(
+            env_fns,
+            num_workers=num_workers,
+            num_slots=num_slots,
+            autoreset_mode="same_step",
+            context=start_method,
+            step_timeout=step_timeout,
+        )
+        eng = self._engine
+        self.num_envs = eng.num_envs
+        self.observation_space = eng.single_observation_space
+        self.action_space = eng.single_action_space
+        self.reset_infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        self._seeds: list[int | None] = [None for _ in range(self.num_envs)]
+        self._options: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        self.render_mode = eng.render_mode
+        modes = ["human", "rgb_array"] if self.render_mode == "rgb_array" else (
+            [self.render_mode] if self.render_mode is not None else [])
+        self.metadata = {"render_modes": modes}
+        self.copy = bool(copy)
+        self._slot = 0
+        self._next_slot = 0
+        self.closed = False
+
+    # -------------------------------------------------------------- properties
+    @property
+    def worker_pids(self) -> list[int]:
+        return self._engine.worker_pids
+
+    @property
+    def num_workers(self) -> int:
+        return self._engine.num_workers
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @property
+    def unwrapped(self):
+        return self
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedError("this SubprocVecEnv is closed")
+
+    def _observation(self, slot: int):
+        obs = self._engine.obs_view(slot, self.observation_space)
+        if self.copy:
+            return _copy_nested(obs)
+        return _readonly_nested(obs)
+
+    # -------------------------------------------------------------- stepping
+    def reset(self):
+        self._check_open()
+        self._drain()
+        slot = (self._slot + 1) % self._engine.num_slots
+        kwargs = {}
+        for i in range(self.num_envs):
+            kw = {"seed": self._seeds[i]}
+            if self._options[i]:
+                kw["options"] = self._options[i]
+            kwargs[i] = kw
+        infos = self._engine.reset(slot, kwargs)
+        for i, info in infos.items():
+            self.reset_infos[i] = info
+        self._slot = slot
+        self._seeds = [None for _ in range(self.num_envs)]
+        self._options = [{} for _ in range(self.num_envs)]
+        return self._observation(slot)
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._check_open()
+        if self.waiting:
+            raise RuntimeError("step_async() called twice without step_wait()")
+        slot = (self._slot + 1) % self._engine.num_slots
+        self._engine.step_async(actions, slot)
+        self._next_slot = slot
+        self.waiting = True
+
+    def step_wait(self):
+        self._check_open()
+        if not self.waiting:
+            raise RuntimeError("step_wait() called without step_async()")
+        self.waiting = False
+        records = self._engine.step_wait()
+        slot = self._slot = self._next_slot
+        eng = self._engine
+        term = eng.terminated[slot]
+        trunc = eng.truncated[slot]
+        dones = term | trunc
+        rewards = eng.rewards[slot].astype(np.float32)
+        infos: list[dict] = [{} for _ in range(self.num_envs)]
+        for i, step_info, reset_info in records:
+            if step_info:
+                infos[i] = step_info
+            if reset_info is not None:
+                self.reset_infos[i] = reset_info
+        time_limit = trunc & ~term
+        for i in range(self.num_envs):
+            infos[i]["TimeLimit.truncated"] = bool(time_limit[i])
+        for i in np.flatnonzero(dones):
+            infos[i]["terminal_observation"] = eng.final_obs_of(slot, int(i))
+        return self._observation(slot), rewards, dones, infos
+
+    def step(self, actions: np.ndarray):
+        self.step_async(actions)
+        return self.step_wait()
+
+    def _drain(self) -> None:
+        if self.waiting:
+            self.waiting = False
+            self._engine.step_wait()
+            self._slot = self._next_slot
+
+    # -------------------------------------------------------------- seeding
+    def seed(self, seed: int | None = None) -> Sequence[int | None]:
+        if seed is None:
+            seed = int(np.random.randint(0, np.iinfo(np.uint32).max, dtype=np.uint32))
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+        self._seeds = [int(seed) + idx for idx in range(self.num_envs)]
+        return self._seeds
+
+    def set_options(self, options: list[dict] | dict | None = None) -> None:
+        if options is None:
+            options = {}
+        if isinstance(options, dict):
+            self._options = deepcopy([options] * self.num_envs)
+        else:
+            options = list(options)
+            if len(options) != self.num_envs or not all(isinstance(o, dict) for o in options):
+                raise ValueError(f"options must be a dict or a list of {self.num_envs} dicts")
+            self._options = deepcopy(options)
+
+    # -------------------------------------------------------------- env access
+    def get_attr(self, attr_name: str, indices=None) -> list[Any]:
+        self._check_open()
+        self._drain()
+        return self._engine.call("get_attr", attr_name, indices=indices)
+
+    def has_attr(self, attr_name: str) -> bool:
+        self._check_open()
+        self._drain()
+        return all(self._engine.call("has_attr", attr_name))
+
+    def set_attr(self, attr_name: str, value: Any, indices=None) -> None:
+        self._check_open()
+        self._drain()
+        n = len(self._engine.normalize_indices(indices))
+        self._engine.call("set_attr", attr_name, indices=indices, values=[value] * n)
+
+    def env_method(self, method_name: str, *method_args, indices=None, **method_kwargs) -> list[Any]:
+        self._check_open()
+        self._drain()
+        return self._engine.call("env_method", method_name, method_args, method_kwargs, indices=indices)
+
+    def env_is_wrapped(self, wrapper_class: type, indices=None) -> list[bool]:
+        self._check_open()
+        self._drain()
+        n = len(self._engine.normalize_indices(indices))
+        return self._engine.call("is_wrapped", None, indices=indices, values=[wrapper_class] * n)
+
+    def getattr_depth_check(self, name: str, already_found: bool) -> str | None:
+        if hasattr(self, name) and already_found:
+            return f"{type(self).__module__}.{type(self).__name__}"
+        return None
+
+    def _get_indices(self, indices) -> list[int]:
+        return self._engine.normalize_indices(indices)
+
+    # -------------------------------------------------------------- rendering
+    def get_images(self) -> Sequence[np.ndarray | None]:
+        self._check_open()
+        if self.render_mode != "rgb_array":
+            warnings.warn(
+                f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images."
+            )
+            return [None for _ in range(self.num_envs)]
+        self._drain()
+        return self._engine.call("render", None)
+
+    def render(self, mode: str | None = None) -> np.ndarray | None:
+        """Same contract as SB3's ``VecEnv.render``: tiles rgb_array frames."""
+        if mode == "human" and self.render_mode != mode:
+            if self.render_mode != "rgb_array":
+                warnings.warn(
+                    f"You tried to render a VecEnv with mode='{mode}' but the render mode defined when "
+                    f"initializing the environment must be 'human' or 'rgb_array', not '{self.render_mode}'."
+                )
+                return None
+        elif mode and self.render_mode != mode:
+            warnings.warn(
+                f"render modes are fixed when the envs are created; mode={mode!r} differs from "
+                f"the envs' render_mode={self.render_mode!r}"
+            )
+            return None
+        mode = mode or self.render_mode
+        if mode is None:
+            warnings.warn("You tried to call render() but no `render_mode` was passed to the env constructor.")
+            return None
+        if self.render_mode == "human":
+            self.env_method("render")
+            return None
+        if mode in ("rgb_array", "human"):
+            big = tile_images(self.get_images())
+            if mode == "human":
+                import cv2  # only needed to show frames of rgb_array envs
+
+                cv2.imshow("vecenv", big[:, :, ::-1])
+                cv2.waitKey(1)
+                return None
+            return big
+        self.env_method("render")
+        return None
+
+    # -------------------------------------------------------------- closing
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.waiting = False
+        self._engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        return f"fastvec.SubprocVecEnv(num_envs={self.num_envs}, num_workers={self._engine.num_workers})"
+
+
+def _copy_nested(obs):
+    if isinstance(obs, dict):
+        return {k: _copy_nested(v) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_copy_nested(v) for v in obs)
+    return obs.copy()
+
+
+def _readonly_nested(obs):
+    """Views handed to users are read-only: writing into the ring would corrupt it."""
+    if isinstance(obs, dict):
+        return {k: _readonly_nested(v) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_readonly_nested(v) for v in obs)
+    view = obs.view()
+    view.flags.writeable = False
+    return view

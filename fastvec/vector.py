@@ -1,0 +1,265 @@
+"""Front door 2: ``fastvec.AsyncVectorEnv``, a ``gymnasium.vector.VectorEnv``.
+
+Same results as ``gymnasium.vector.SyncVectorEnv`` (5-tuple steps, NEXT_STEP, SAME_STEP
+and DISABLED autoreset, infos merged with ``_key`` masks), with the envs stepping in
+worker processes over shared memory.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from .engine import Engine
+from .errors import ClosedError
+from .sb3 import _copy_nested, _readonly_nested
+
+_MODES = {
+    AutoresetMode.NEXT_STEP: "next_step",
+    AutoresetMode.SAME_STEP: "same_step",
+    AutoresetMode.DISABLED: "disabled",
+}
+
+
+def _check_seed(seed, where: str):
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"{where} must be a non-negative int or None, got {seed!r}")
+    return int(seed)
+
+
+class AsyncVectorEnv(VectorEnv):
+    """Shared-memory multiprocess ``gymnasium.vector.VectorEnv``.
+
+    Parameters
+    ----------
+    env_fns : sequence of callables
+        Functions returning gymnasium envs (cloudpickled: lambdas and closures work).
+    num_workers : int, optional
+        Worker processes (default ``min(num_envs, cores)``); envs are split into
+        contiguous groups, one per worker.
+    copy : bool, default True
+        ``True`` returns observations as fresh arrays, like gymnasium. ``False`` returns
+        read-only views into shared memory (zero-copy): a view stays valid until
+        ``num_slots - 1`` further ``step``/``reset`` calls have returned, i.e. through
+        the next step with the default ``num_slots=2``. Rewards, terminated and
+        truncated are always fresh arrays.
+    autoreset_mode : AutoresetMode or str, default NEXT_STEP
+        gymnasium's autoreset semantics; NEXT_STEP, SAME_STEP and DISABLED are supported.
+    step_timeout : float, optional
+        Seconds before a silent worker raises ``fastvec.WorkerError`` (None: wait, but a
+        dead worker is still reported at once).
+    context : str, optional
+        Start method: "fork", "forkserver" or "spawn".
+    num_slots : int, default 2
+        Depth of the ring of result slots.
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable],
+        *,
+        num_workers: int | None = None,
+        copy: bool = True,
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        step_timeout: float | None = None,
+        context: str | None = None,
+        num_slots: int = 2,
+    ):
+        self.closed = True
+        try:
+            mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
+        except ValueError:
+            raise ValueError(
+                f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {autoreset_mode!r}"
+            ) from None
+        self.autoreset_mode = mode
+        self._engine = Engine(
+            env_fns,
+            num_workers=num_workers,
+            num_slots=num_slots,
+            autoreset_mode=_MODES[mode],
+            context=context,
+            step_timeout=step_timeout,
+        )
+        eng = self._engine
+        self.env_fns = env_fns
+        self.copy = bool(copy)
+        self.num_envs = eng.num_envs
+        self.metadata = dict(eng.env_metadata)
+        self.metadata["autoreset_mode"] = mode
+        self.render_mode = eng.render_mode
+        self.spec = None
+        self.single_observation_space = eng.single_observation_space
+        self.single_action_space = eng.single_action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._slot = 0
+        self._next_slot = 0
+        self._waiting = False
+        self.closed = False
+
+    # -------------------------------------------------------------- properties
+    @property
+    def worker_pids(self) -> list[int]:
+        return self._engine.worker_pids
+
+    @property
+    def num_workers(self) -> int:
+        return self._engine.num_workers
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:
+        return self.get_attr("np_random_seed")
+
+    @property
+    def np_random(self) -> tuple[np.random.Generator, ...]:
+        return self.get_attr("np_random")
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedError("this AsyncVectorEnv is closed")
+
+    def _observation(self, slot: int):
+        obs = self._engine.obs_view(slot, self.single_observation_space)
+        return _copy_nested(obs) if self.copy else _readonly_nested(obs)
+
+    # -------------------------------------------------------------- reset / step
+    def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
+        self._check_open()
+        self._drain()
+        n = self.num_envs
+        if seed is None:
+            seeds = [None] * n
+        elif isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            first = _check_seed(seed, "seed")
+            seeds = [first + i for i in range(n)]
+        elif isinstance(seed, (list, tuple)):
+            if len(seed) != n:
+                raise ValueError(
+                    f"If seeds are passed as a list the length must match num_envs={n} but got length={len(seed)}."
+                )
+            seeds = [_check_seed(s, f"seed[{i}]") for i, s in enumerate(seed)]
+        else:
+            raise ValueError(f"seed must be None, an int or a list of {n} ints, got {seed!r}")
+        if options is not None and not isinstance(options, dict):
+            raise ValueError(f"options must be a dict or None, got {type(options).__name__}")
+
+        mask = None
+        if options is not None and "reset_mask" in options:
+            options = dict(options)  # unlike gymnasium, leave the caller's dict intact
+            mask = options.pop("reset_mask")
+            if not isinstance(mask, np.ndarray):
+                raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+            if mask.shape != (n,):
+                raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
+            if mask.dtype != np.bool_:
+                raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+            if not mask.any():
+                raise ValueError(
+                    f"`options['reset_mask']` must contain a boolean array with at least one True value, got reset_mask={mask}"
+                )
+        targets = range(n) if mask is None else np.flatnonzero(mask).tolist()
+        slot = (self._slot + 1) % self._engine.num_slots
+        if mask is not None and slot != self._slot:
+            # Envs left alone keep their current observation in the new slot.
+            keep = ~mask
+            for buf in self._engine.obs_bufs:
+                buf[slot, keep] = buf[self._slot, keep]
+        env_infos = self._engine.reset(slot, {i: {"seed": seeds[i], "options": options} for i in targets})
+        self._slot = slot
+        infos: dict[str, Any] = {}
+        for i in targets:
+            infos = self._add_info(infos, env_infos[i], i)
+        return self._observation(slot), infos
+
+    def step_async(self, actions) -> None:
+        self._check_open()
+        if self._waiting:
+            raise RuntimeError("step_async() called twice without step_wait()")
+        slot = (self._slot + 1) % self._engine.num_slots
+        self._engine.step_async(actions, slot)
+        self._next_slot = slot
+        self._waiting = True
+
+    def step_wait(self, timeout: float | None = ...):
+        self._check_open()
+        if not self._waiting:
+            raise RuntimeError("step_wait() called without step_async()")
+        self._waiting = False
+        records = self._engine.step_wait(timeout)
+        slot = self._slot = self._next_slot
+        eng = self._engine
+        infos: dict[str, Any] = {}
+        same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
+        for i, step_info, reset_info in records:
+            if same_step and reset_info is not None:
+                infos = self._add_info(
+                    infos, {"final_obs": eng.final_obs_of(slot, i), "final_info": step_info}, i
+                )
+                infos = self._add_info(infos, reset_info, i)
+            else:
+                infos = self._add_info(infos, step_info if step_info is not None else reset_info, i)
+        return (
+            self._observation(slot),
+            eng.rewards[slot].copy(),
+            eng.terminated[slot].copy(),
+            eng.truncated[slot].copy(),
+            infos,
+        )
+
+    def step(self, actions):
+        self.step_async(actions)
+        return self.step_wait()
+
+    def _drain(self) -> None:
+        if self._waiting:
+            self._waiting = False
+            self._engine.step_wait()
+            self._slot = self._next_slot
+
+    # -------------------------------------------------------------- env access
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        self._check_open()
+        self._drain()
+        return tuple(self._engine.call("call", name, args, kwargs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        return self.call(name)
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        self._check_open()
+        self._drain()
+        if not isinstance(values, (list, tuple)):
+            values = [values for _ in range(self.num_envs)]
+        if len(values) != self.num_envs:
+            raise ValueError(
+                "Values must be a list or tuple with length equal to the number of environments. "
+                f"Got `{len(values)}` values for {self.num_envs} environments."
+            )
+        self._engine.call("set_wrapper_attr", name, values=list(values))
+
+    def render(self) -> tuple | None:
+        self._check_open()
+        self._drain()
+        return tuple(self._engine.call("render", None))
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self._waiting = False
+        if hasattr(self, "_engine"):
+            self._engine.close()
+
+    def __del__(self):
+        # VectorEnv.__del__ would call close(); the engine has its own finalizer.
+        pass
+
+    def __repr__(self) -> str:
+        return f"fastvec.AsyncVectorEnv(num_envs={self.num_envs}, num_workers={self._engine.num_workers})"

@@ -1,0 +1,243 @@
+"""The worker process: builds its envs, attaches the segment, serves commands.
+
+Steps are served by the compiled loop in ``_engine.Stepper.serve``; everything rarer
+(reset, attribute access, method calls, close) is handled here in Python.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+
+import cloudpickle
+
+from . import _engine as E
+from .layout import SegmentPlan, build_nested
+from .shm import attach_segment
+
+_PARENT_POLL_S = 0.5
+
+
+def _watch_parent(main_pid: int, direct_child: bool) -> None:
+    """Exit when the main process is gone, even if an env is stuck in C code holding
+    no GIL... or in Python: this thread still gets the GIL within the switch interval."""
+    ppid = os.getppid()
+    while True:
+        time.sleep(_PARENT_POLL_S)
+        if direct_child:
+            gone = os.getppid() != ppid
+        else:  # forkserver: our parent is the server, watch the main process itself
+            try:
+                os.kill(main_pid, 0)
+                gone = False
+            except ProcessLookupError:
+                gone = True
+            except PermissionError:
+                gone = False
+        if gone:
+            os._exit(1)
+
+
+def _dumps(obj) -> bytes:
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return cloudpickle.dumps(obj)
+
+
+def _error_payload(exc: BaseException, env_index: int | None, during: str) -> bytes:
+    return pickle.dumps(
+        {
+            "env_index": env_index,
+            "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}".replace("builtins.", ""),
+            "message": str(exc),
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            "during": during,
+        }
+    )
+
+
+def _is_wrapped(env, wrapper_class) -> bool:
+    # Same rule as SB3's env_util.is_wrapped, without importing SB3 in the worker.
+    while hasattr(env, "env"):
+        if isinstance(env, wrapper_class):
+            return True
+        env = env.env
+    return isinstance(env, wrapper_class)
+
+
+def _do_call(env, kind: str, name, args, kwargs, value):
+    if kind == "call":  # gymnasium VectorEnv.call: call if callable, else return the value
+        attr = env.get_wrapper_attr(name)
+        return attr(*args, **kwargs) if callable(attr) else attr
+    if kind == "env_method":  # SB3
+        return env.get_wrapper_attr(name)(*args, **kwargs)
+    if kind == "get_attr":
+        return env.get_wrapper_attr(name)
+    if kind == "has_attr":
+        try:
+            env.get_wrapper_attr(name)
+            return True
+        except AttributeError:
+            return False
+    if kind == "set_attr":  # SB3: plain setattr on the outermost wrapper
+        setattr(env, name, value)
+        return None
+    if kind == "set_wrapper_attr":  # gymnasium
+        env.set_wrapper_attr(name, value)
+        return None
+    if kind == "is_wrapped":
+        return _is_wrapped(env, value)
+    if kind == "render":
+        return env.render()
+    raise ValueError(f"unknown call kind {kind!r}")
+
+
+def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_fds):
+    # Ctrl-C goes to the whole process group; the parent decides what happens.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for fd in close_fds:  # fork: parent ends of other workers' sockets
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fd = conn.fileno()
+    threading.Thread(
+        target=_watch_parent, args=(main_pid, os.getppid() == main_pid), daemon=True
+    ).start()
+
+    envs = []
+    segment = stepper = arrays = None
+    try:
+        fns = cloudpickle.loads(fns_blob)
+        for j, fn in enumerate(fns):
+            try:
+                envs.append(fn())
+            except BaseException as exc:
+                E.send_header(fd, E.REPLY_ERROR, 0, 0, _error_payload(exc, offset + j, "env creation"))
+                return
+        spaces = [
+            (env.observation_space, env.action_space, dict(getattr(env, "metadata", {}) or {}),
+             getattr(env, "render_mode", None), getattr(env, "spec", None))
+            for env in envs
+        ]
+        try:
+            E.send_header(fd, E.REPLY_READY, 0, 0, _dumps(spaces))
+        except Exception as exc:
+            E.send_header(fd, E.REPLY_ERROR, 0, 0, _error_payload(exc, offset, "sending spaces"))
+            return
+
+        # Phase 2: the parent lays out the segment and tells us where it is.
+        cmd, _, _, n = E.recv_header(fd)
+        if cmd == E.CMD_CLOSE:
+            return
+        shm_name, entries, num_slots, obs_space, act_space, n_obs, n_act, spin_us = pickle.loads(
+            E.recv_payload(fd, n)
+        )
+        segment = attach_segment(shm_name)
+        plan = SegmentPlan()
+        plan.entries = entries
+        arrays = plan.arrays(segment)
+        from .layout import leaves_of
+
+        obs_leaves = leaves_of(obs_space)
+        stepper = E.Stepper(
+            envs, offset, num_envs, mode,
+            [arrays[f"obs{i}"] for i in range(n_obs)],
+            [arrays[f"final{i}"] for i in range(n_obs)],
+            [leaf.path for leaf in obs_leaves],
+            [arrays[f"act{i}"] for i in range(n_act)],
+            act_space, build_nested,
+            arrays["rewards"], arrays["terminated"], arrays["truncated"],
+        )
+        chan = E.WorkerChannel(arrays["ctl"], index, fd, spin_us)
+        E.send_header(fd, E.REPLY_DONE, 0, 0)
+        _serve(chan, stepper, envs, offset)
+    except E.PeerClosed:
+        pass  # the parent went away; nothing to answer
+    finally:
+        for env in envs:
+            try:
+                env.close()
+            except Exception:
+                pass
+        # The mapping goes with the last view; the parent owns and unlinks the segment.
+        conn.close()
+
+
+def _serve(chan, stepper, envs, offset) -> None:
+    while True:
+        try:
+            stepper.serve(chan)  # returns on the first command that is not a step
+            cmd, slot, _, blob = chan.current_command()
+            payload = pickle.loads(blob) if blob is not None else None
+        except E.PeerClosed:
+            raise
+        except Exception as exc:
+            env_index = stepper.current if stepper.current >= 0 else None
+            stepper.current = -1
+            chan.reply(E.REPLY_ERROR, 0, _error_payload(exc, env_index, "step" if env_index is not None else "reading a command"))
+            continue
+        if cmd == E.CMD_CLOSE:
+            for env in envs:
+                try:
+                    env.close()
+                except Exception:
+                    pass
+            envs.clear()
+            chan.reply(E.REPLY_DONE, 0)
+            return
+        if cmd == E.CMD_RESET:
+            _reset(chan, stepper, envs, offset, slot, payload)
+        elif cmd == E.CMD_CALL:
+            _call(chan, envs, offset, payload)
+        else:
+            chan.reply(E.REPLY_ERROR, 0, _error_payload(
+                ValueError(f"unknown command {cmd}"), None, "reading a command"))
+
+
+def _reset(chan, stepper, envs, offset, slot, payload) -> None:
+    # payload: list of (local_index, kwargs for env.reset)
+    infos = []
+    j = -1
+    try:
+        for j, kwargs in payload:
+            obs, info = envs[j].reset(**kwargs)
+            stepper.needs_reset[j] = 0
+            stepper.write_reset_obs(slot, j, obs)
+            infos.append((j, info))
+    except Exception as exc:
+        chan.reply(E.REPLY_ERROR, 0, _error_payload(exc, offset + j, "reset"))
+        return
+    _reply_result(chan, infos, offset + max(j, 0))
+
+
+def _call(chan, envs, offset, payload) -> None:
+    kind, name, args, kwargs, targets = payload  # targets: list of (local_index, value)
+    results = []
+    j = -1
+    try:
+        for j, value in targets:
+            results.append(_do_call(envs[j], kind, name, args, kwargs, value))
+    except Exception as exc:
+        chan.reply(E.REPLY_ERROR, 0, _error_payload(exc, offset + j, f"{kind}({name!r})"))
+        return
+    _reply_result(chan, results, offset + max(j, 0))
+
+
+def _reply_result(chan, result, env_index) -> None:
+    try:
+        blob = _dumps(result)
+    except Exception as exc:
+        chan.reply(E.REPLY_ERROR, 0, _error_payload(
+            TypeError(f"the result could not be pickled back to the parent: {exc}"), env_index, "reply"))
+        return
+    chan.reply(E.REPLY_RESULT, 0, blob)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("fastvec.worker is started by fastvec's engine, not run directly")
