@@ -1,0 +1,45 @@
+"""``fastvec`` command line: ``fastvec train``, ``fastvec eval``, ``fastvec bench``.
+
+Each subcommand lives in its own module and is imported only when used, so that
+``fastvec bench --help`` does not import torch.
+"""
+from __future__ import annotations
+
+import sys
+
+_COMMANDS = {
+    "train": ("fastvec.train_cli", "Train PPO on a gymnasium env with fastvec."),
+    "eval": ("fastvec.train_cli", "Evaluate a checkpoint written by `fastvec train`."),
+    "bench": ("fastvec.bench.cli", "Run the microbenchmarks against the peers."),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: fastvec COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<6} {text}" for name, (_, text) in _COMMANDS.items()]
+    lines += ["", "Run `fastvec COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from . import __version__
+
+        print(f"fastvec {__version__}")
+        return 0
+    name = argv[0]
+    if name not in _COMMANDS:
+        print(f"fastvec: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    import importlib
+
+    module = importlib.import_module(_COMMANDS[name][0])
+    return int(module.main(name, argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
