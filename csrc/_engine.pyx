@@ -269,6 +269,17 @@ cdef class Controller:
     cdef bint _done(self, int w) noexcept nogil:
         return fv_load(&self.row(w)[C_DONE_SEQ]) == self.expected[w]
 
+    def is_done(self, int w):
+        return bool(self._done(w))
+
+    def forget(self, int w):
+        """Worker w was replaced: drop what we kept from the old process."""
+        cdef long long *r = self.row(w)
+        self.stash[w] = None
+        fv_store(&r[C_SLEEPING], 0)
+        self.expected[w] = fv_load(&r[C_CMD_SEQ])
+        fv_store(&r[C_DONE_SEQ], self.expected[w])
+
     def wait(self, int[::1] workers, double timeout):
         """Wait until every worker in ``workers`` has answered its last command.
 

@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import pickle
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -134,6 +135,9 @@ class Engine:
         (a dead worker is still noticed at once).
     start_timeout : float, optional
         Seconds to wait for workers to build their envs.
+    restart_on_error : bool
+        Replace a worker that died, hung past ``step_timeout`` or whose env raised in
+        ``step``, reset its envs and go on (see ``step_wait``); ``restarts`` lists them.
     spin_us, main_spin_us : float, optional
         Microseconds a waiting worker (resp. the parent) polls shared memory, yielding
         the CPU, before it sleeps on its socket; 0 always sleeps.
@@ -151,6 +155,7 @@ class Engine:
         start_timeout: float | None = 300.0,
         spin_us: float | None = None,
         main_spin_us: float | None = None,
+        restart_on_error: bool = False,
     ):
         self._closed = True  # until fully started
         if isinstance(env_fns, (str, bytes)) or not isinstance(env_fns, Sequence):
@@ -195,6 +200,9 @@ class Engine:
         )
         self._broken: str | None = None
         self._pending_slot: int | None = None
+        self._last_slot = 0
+        self.restart_on_error = bool(restart_on_error)
+        self.restarts: list[dict] = []  # one record per worker replaced
         try:
             self._start(ctx, env_fns, start_timeout)
         except BaseException:
@@ -204,49 +212,23 @@ class Engine:
 
     # ------------------------------------------------------------------ start-up
     def _start(self, ctx, env_fns, start_timeout) -> None:
-        child_conns = []
-        for _ in range(self.num_workers):
-            parent, child = ctx.Pipe(duplex=True)
-            self._conns.append(parent)
-            child_conns.append(child)
-        main_pid = os.getpid()
-        mode = AUTORESET_MODES[self.autoreset_mode]
-        for w, (start, stop) in enumerate(self.groups):
-            blob = cloudpickle.dumps(list(env_fns[start:stop]))
-            # With fork the child inherits every socket; it closes all but its own.
-            close_fds = (
-                [c.fileno() for c in self._conns] + [c.fileno() for k, c in enumerate(child_conns) if k != w]
-                if self.context == "fork" else []
-            )
-            proc = ctx.Process(
-                target=worker_main,
-                args=(w, child_conns[w], blob, start, self.num_envs, mode, main_pid, close_fds),
-                name=f"fastvec-worker-{w}",
-                daemon=True,
-            )
-            proc.start()
-            self._procs.append(proc)
-        for child in child_conns:
-            child.close()
-        self._fds = np.array([c.fileno() for c in self._conns], dtype=np.intc)
+        self._ctx = ctx
+        self._start_timeout = start_timeout
+        self._blobs = [cloudpickle.dumps(list(env_fns[a:b])) for a, b in self.groups]
+        self._fds = np.full(self.num_workers, -1, dtype=np.intc)
+        for w in range(self.num_workers):
+            self._conns.append(None)
+            self._procs.append(None)
+        for w in range(self.num_workers):
+            self._spawn(w)
 
         # Phase 1: every worker builds its envs and reports their spaces.
-        replies = self._gather_raw(start_timeout, "starting")
+        replies = self._gather_raw(range(self.num_workers), start_timeout, "starting")
         per_env = []
         for w in range(self.num_workers):
             per_env += replies[w]
         obs_space, act_space, metadata, render_mode, spec = per_env[0]
-        for i, (o, a, *_rest) in enumerate(per_env):
-            if o != obs_space:
-                raise ValueError(
-                    f"env {i} has observation space {o}, but env 0 has {obs_space}: "
-                    "all envs of a vector env must share their spaces"
-                )
-            if a != act_space:
-                raise ValueError(
-                    f"env {i} has action space {a}, but env 0 has {act_space}: "
-                    "all envs of a vector env must share their spaces"
-                )
+        self._check_spaces(per_env, obs_space, act_space, 0)
         self.single_observation_space = obs_space
         self.single_action_space = act_space
         self.env_metadata = metadata
@@ -270,12 +252,79 @@ class Engine:
         self.terminated = arrays["terminated"]
         self.truncated = arrays["truncated"]
         self._ctl = E.Controller(arrays["ctl"], self._fds, self.main_spin_us)
-        payload = pickle.dumps(
+        self._attach_payload = pickle.dumps(
             (segment.name, plan.entries, self.num_slots, obs_space, act_space, n_obs, n_act, self.spin_us)
         )
-        for conn in self._conns:
-            E.send_header(conn.fileno(), E.CMD_SPACES, 0, 0, payload)
-        self._gather_raw(start_timeout, "attaching shared memory")
+        self._attach(range(self.num_workers))
+
+    def _spawn(self, w: int) -> None:
+        """Start the process of worker w (again, after a failure)."""
+        start, _stop = self.groups[w]
+        parent, child = self._ctx.Pipe(duplex=True)
+        # With fork the child inherits every socket of ours; it closes all but its own.
+        close_fds = [c.fileno() for c in self._conns if c is not None] + [parent.fileno()] \
+            if self._ctx.get_start_method() == "fork" else []
+        proc = self._ctx.Process(
+            target=worker_main,
+            args=(w, child, self._blobs[w], start, self.num_envs,
+                  AUTORESET_MODES[self.autoreset_mode], os.getpid(), close_fds),
+            name=f"fastvec-worker-{w}",
+            daemon=True,
+        )
+        try:
+            proc.start()
+        finally:
+            child.close()
+        self._conns[w] = parent
+        self._procs[w] = proc
+        self._fds[w] = parent.fileno()  # in place: the Controller reads this array
+
+    def _attach(self, workers) -> None:
+        for w in workers:
+            E.send_header(int(self._fds[w]), E.CMD_SPACES, 0, 0, self._attach_payload)
+        self._gather_raw(workers, self._start_timeout, "attaching shared memory")
+
+    def _check_spaces(self, per_env, obs_space, act_space, first: int) -> None:
+        for i, (o, a, *_rest) in enumerate(per_env, start=first):
+            if o != obs_space:
+                raise ValueError(
+                    f"env {i} has observation space {o}, but env 0 has {obs_space}: "
+                    "all envs of a vector env must share their spaces"
+                )
+            if a != act_space:
+                raise ValueError(
+                    f"env {i} has action space {a}, but env 0 has {act_space}: "
+                    "all envs of a vector env must share their spaces"
+                )
+
+    def _restart(self, w: int, slot: int) -> dict[int, dict]:
+        """Replace worker w by a fresh process, reset its envs into ``slot``.
+
+        Returns {env_index: reset info}. Raises WorkerError if the new worker fails too.
+        """
+        proc = self._procs[w]
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(_CLOSE_GRACE_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+        try:
+            self._conns[w].close()
+        except OSError:
+            pass
+        self._conns[w] = None
+        proc.close()
+        self._spawn(w)
+        self._ctl.forget(w)
+        replies = self._gather_raw([w], self._start_timeout, "restarting")
+        self._check_spaces(replies[w], self.single_observation_space, self.single_action_space,
+                           self.groups[w][0])
+        self._attach([w])
+        a, b = self.groups[w]
+        self._send_commands(E.CMD_RESET, slot, {w: [(j, {}) for j in range(b - a)]})
+        recs = self._gather([w], self.step_timeout, "resetting restarted envs")[w]
+        return {a + j: info for j, info in recs}
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -315,15 +364,16 @@ class Engine:
             how = f"exited with code {code}"
         return f"{self._worker_desc(w)} {how} while {doing}"
 
-    def _gather_raw(self, timeout, doing: str) -> dict:
-        """Start-up replies, read straight off the sockets (no control block yet)."""
+    def _gather_raw(self, workers, timeout, doing: str) -> dict:
+        """Start-up replies, read straight off the sockets (no doorbells yet)."""
         from multiprocessing.connection import wait
 
+        workers = list(workers)
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: dict[int, tuple] = {}
-        by_conn = {id(c): w for w, c in enumerate(self._conns)}
-        while len(replies) < self.num_workers:
-            left = [c for w, c in enumerate(self._conns) if w not in replies]
+        by_conn = {id(self._conns[w]): w for w in workers}
+        while len(replies) < len(workers):
+            left = [self._conns[w] for w in workers if w not in replies]
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready = wait(left, remaining)
             if not ready:
@@ -347,27 +397,75 @@ class Engine:
         that raised is reported as ``WorkerError`` after every reply is in, and the
         engine stays usable.
         """
-        workers = np.asarray(list(workers), dtype=np.intc)
-        status, w = self._ctl.wait(workers, -1.0 if timeout is None else timeout)
-        if status == 1:
-            raise self._fail(w, f"{self._worker_desc(w)} did not answer within {timeout:g} s while {doing}")
-        if status == 2:
-            raise self._fail(w, self._death_message(w, doing))
+        results, failures = self._collect(workers, timeout, doing, slot)
+        if failures:
+            w, (exc, fatal) = next(iter(failures.items()))
+            if fatal:
+                self._broken = str(exc)
+            raise exc
+        return results
+
+    def _collect(self, workers, timeout, doing: str, slot: int | None = None):
+        """Wait for every worker in ``workers``; never stop at the first failure, so the
+        healthy workers' replies are consumed and they stay consistent.
+
+        Returns ``(results, failures)``: {w: payload object} and {w: (WorkerError, fatal)},
+        fatal meaning the worker is dead, silent or garbling (not just an env that raised).
+        """
+        pending = [int(w) for w in workers]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        failures: dict[int, tuple] = {}
+
+        def fail(w, message):
+            failures[w] = (WorkerError(message, worker=w, env_indices=range(*self.groups[w])), True)
+
+        try:
+            while pending:
+                left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+                status, w = self._ctl.wait(np.asarray(pending, dtype=np.intc), left)
+                if status == 0:
+                    break
+                if status == 2:
+                    fail(w, self._death_message(w, doing))
+                    pending.remove(w)
+                    continue
+                for v in list(pending):  # timed out: every worker still silent has failed
+                    if not self._ctl.is_done(v):
+                        fail(v, f"{self._worker_desc(v)} did not answer within {timeout:g} s while {doing}")
+                        pending.remove(v)
+        except KeyboardInterrupt:
+            # Replies still in flight would be mistaken for later ones: give up on this engine.
+            self._broken = "interrupted while waiting for the workers"
+            raise
         replies = {}
-        for w in workers.tolist():
+        for w in workers:
+            w = int(w)
+            if w in failures:
+                continue
             try:
                 replies[w] = self._ctl.reply(w)
             except E.PeerClosed:
-                raise self._fail(w, self._death_message(w, doing)) from None
+                fail(w, self._death_message(w, doing))
+                continue
             except ValueError as exc:
-                raise self._fail(w, f"{self._worker_desc(w)} sent a malformed message while {doing}: {exc}") from None
+                fail(w, f"{self._worker_desc(w)} sent a malformed message while {doing}: {exc}")
+                continue
             if slot is not None and replies[w][0] == E.REPLY_DONE and replies[w][1] != slot:
-                raise self._fail(w, f"{self._worker_desc(w)} answered for slot {replies[w][1]} "
-                                    f"instead of {slot} while {doing}")
-        return self._decode(replies, doing)
+                fail(w, f"{self._worker_desc(w)} answered for slot {replies[w][1]} instead of {slot} while {doing}")
+                del replies[w]
+        results = {}
+        for w, reply in replies.items():
+            before = self._broken
+            try:
+                results.update(self._decode({w: reply}, doing))
+            except WorkerError as exc:
+                failures[w] = (exc, self._broken is not before)  # _decode marks garbage fatal
+                self._broken = before
+        return results, failures
 
     def _decode(self, replies: dict, doing: str) -> dict:
-        """Unpickle payloads; raise the first env error once all replies are read."""
+        """Unpickle payloads; raise the first env error once all replies are read.
+        Garbled replies mark the engine broken (``self._broken``)."""
         results, error = {}, None
         for w, (cmd, _slot, _arg, blob) in replies.items():
             if cmd not in (E.REPLY_DONE, E.REPLY_RESULT, E.REPLY_ERROR, E.REPLY_READY):
@@ -422,19 +520,57 @@ class Engine:
 
     def step_wait(self, timeout: float | None = ...) -> list:
         """Wait for the step in flight. Returns a list of ``(env_index, step_info,
-        reset_info)`` for the envs that reported something (ended episodes, infos)."""
+        reset_info)`` for the envs that reported something (ended episodes, infos),
+        in env order.
+
+        With ``restart_on_error``, a failed worker (dead, stuck past ``step_timeout``, or
+        an env that raised) is replaced and its envs reset; they report a truncated
+        episode with ``info["fastvec_restarted"] = True`` and the step returns normally.
+        """
         if self._pending_slot is None:
             raise RuntimeError("step_wait() called without step_async()")
         slot, self._pending_slot = self._pending_slot, None
         if timeout is ...:
             timeout = self.step_timeout
-        replies = self._gather(range(self.num_workers), timeout, "stepping", slot=slot)
+        results, failures = self._collect(range(self.num_workers), timeout, "stepping", slot=slot)
+        if failures and not self.restart_on_error:
+            w, (exc, fatal) = next(iter(failures.items()))
+            if fatal:
+                self._broken = str(exc)
+            raise exc
         records = []
-        for w, recs in replies.items():
+        for w, recs in results.items():
             if recs:
                 start = self.groups[w][0]
                 records += [(start + j, step_info, reset_info) for j, step_info, reset_info in recs]
+        for w, (exc, _fatal) in failures.items():
+            records += self._replace_failed(w, slot, exc)
+        if failures:
+            records.sort(key=lambda rec: rec[0])
+        self._last_slot = slot
         return records
+
+    def _replace_failed(self, w: int, slot: int, exc: WorkerError) -> list:
+        a, b = self.groups[w]
+        try:
+            reset_infos = self._restart(w, slot)
+        except BaseException as again:
+            self._broken = f"restarting {self._worker_desc(w)} failed: {again}"
+            if isinstance(again, WorkerError):
+                raise again from exc
+            raise
+        warnings.warn(f"fastvec: {exc}; restarted worker {w} and reset envs {a}..{b - 1}", RuntimeWarning,
+                      stacklevel=3)
+        self.restarts.append({"worker": w, "envs": list(range(a, b)), "error": str(exc)})
+        # The restarted envs end their episode here: truncated, with the last observation
+        # their previous slot held as the final one.
+        self.rewards[slot, a:b] = 0.0
+        self.terminated[slot, a:b] = False
+        self.truncated[slot, a:b] = True
+        for final, obs in zip(self.final_bufs, self.obs_bufs):
+            final[slot, a:b] = obs[self._last_slot, a:b]
+        info = {"fastvec_restarted": True, "fastvec_error": str(exc)}
+        return [(i, dict(info), reset_infos.get(i, {})) for i in range(a, b)]
 
     # ------------------------------------------------------------------ commands
     def _targets(self, indices) -> dict[int, list[int]]:
@@ -474,6 +610,7 @@ class Engine:
             start = self.groups[w][0]
             for j, info in recs:
                 infos[start + j] = info
+        self._last_slot = slot
         return infos
 
     def call(self, kind: str, name, args=(), kwargs=None, indices=None, values=None) -> list:

@@ -55,6 +55,10 @@ class SubprocVecEnv(_Base):
         Depth of the ring of result slots.
     step_timeout : float, optional
         Seconds before a silent worker raises ``fastvec.WorkerError``.
+    restart_on_error : bool, default False
+        Replace a worker that died, hung or whose env raised in ``step``; its envs are
+        reset and report ``done`` with ``info["fastvec_restarted"] = True`` (a
+        ``RuntimeWarning`` says which), so a long job survives a flaky env.
     """
 
     def __init__(
@@ -66,6 +70,7 @@ class SubprocVecEnv(_Base):
         copy: bool = True,
         num_slots: int = 2,
         step_timeout: float | None = None,
+        restart_on_error: bool = False,
     ):
         self.closed = True
         self.waiting = False
@@ -76,6 +81,7 @@ class SubprocVecEnv(_Base):
             autoreset_mode="same_step",
             context=start_method,
             step_timeout=step_timeout,
+            restart_on_error=restart_on_error,
         )
         eng = self._engine
         self.num_envs = eng.num_envs

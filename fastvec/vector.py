@@ -57,6 +57,10 @@ class AsyncVectorEnv(VectorEnv):
         Start method: "fork", "forkserver" or "spawn".
     num_slots : int, default 2
         Depth of the ring of result slots.
+    restart_on_error : bool, default False
+        Replace a worker that died, hung or whose env raised in ``step``; its envs are
+        reset and report ``truncated`` with ``info["fastvec_restarted"] = True`` (a
+        ``RuntimeWarning`` says which), so a long job survives a flaky env.
     """
 
     def __init__(
@@ -69,6 +73,7 @@ class AsyncVectorEnv(VectorEnv):
         step_timeout: float | None = None,
         context: str | None = None,
         num_slots: int = 2,
+        restart_on_error: bool = False,
     ):
         self.closed = True
         try:
@@ -85,6 +90,7 @@ class AsyncVectorEnv(VectorEnv):
             autoreset_mode=_MODES[mode],
             context=context,
             step_timeout=step_timeout,
+            restart_on_error=restart_on_error,
         )
         eng = self._engine
         self.env_fns = env_fns
