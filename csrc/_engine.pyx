@@ -59,6 +59,7 @@ cdef enum:
     _CMD_STEP = 1
     _REPLY_DONE = 16
     _REPLY_RESULT = 17
+    _REPLY_ERROR = 18
     _MODE_SAME_STEP = 0
     _MODE_NEXT_STEP = 1
 
@@ -100,6 +101,68 @@ cdef int _read_all(int fd, char *buf, Py_ssize_t n) except -1:
             raise OSError(errno, "read from control socket failed")
         done += r
     return 0
+
+
+cdef extern from "<sys/socket.h>" nogil:
+    ssize_t recv(int fd, void *buf, size_t n, int flags)
+    enum:
+        MSG_DONTWAIT
+cdef extern from "<errno.h>":
+    enum:
+        EAGAIN  # == EWOULDBLOCK on Linux and macOS
+
+# A worker writes each message with one write, so its bytes arrive together; a message
+# that stops half way is garbage, and waiting for the rest must not hang the parent.
+cdef int _PARTIAL_MS = 2000
+
+
+cdef int _read_bounded(int fd, char *buf, Py_ssize_t n) except -1:
+    """Read exactly n bytes from a peer we do not trust to finish its message."""
+    cdef Py_ssize_t done = 0, r
+    cdef pollfd p
+    cdef int pr
+    while done < n:
+        with nogil:
+            r = recv(fd, buf + done, n - done, MSG_DONTWAIT)
+        if r > 0:
+            done += r
+            continue
+        if r == 0:
+            raise PeerClosed("control socket closed by peer")
+        if errno == EINTR:
+            PyErr_CheckSignals()
+            continue
+        if errno == ECONNRESET:
+            raise PeerClosed("control socket closed by peer")
+        if errno != EAGAIN:
+            raise OSError(errno, "read from control socket failed")
+        p.fd = fd
+        p.events = POLLIN
+        p.revents = 0
+        with nogil:
+            pr = poll(&p, 1, _PARTIAL_MS)
+        if pr == 0:
+            raise ValueError(f"malformed control message: stopped after {done} of {n} bytes")
+        if pr < 0 and errno == EINTR:
+            PyErr_CheckSignals()
+    return 0
+
+
+cdef tuple _recv_message(int fd):
+    """One (header, payload) from an untrusted peer, skipping spare WAKE headers."""
+    cdef int hdr[4]
+    while True:
+        _read_bounded(fd, <char *>hdr, HEADER_BYTES)
+        if hdr[0] != _WAKE:
+            break
+    if hdr[0] not in (_REPLY_DONE, _REPLY_RESULT, _REPLY_ERROR):
+        raise ValueError(f"malformed control message: unknown reply code {hdr[0]}")
+    if hdr[3] < 0 or hdr[3] > MAX_PAYLOAD:
+        raise ValueError(f"malformed control message: payload length {hdr[3]}")
+    buf = bytearray(hdr[3])
+    if hdr[3]:
+        _read_bounded(fd, <char *>buf, hdr[3])
+    return (hdr[0], hdr[1], hdr[2], hdr[3]), bytes(buf)
 
 
 def send_header(int fd, int cmd, int slot=0, int arg=0, bytes payload=None):
@@ -283,8 +346,9 @@ cdef class Controller:
     def wait(self, int[::1] workers, double timeout):
         """Wait until every worker in ``workers`` has answered its last command.
 
-        Returns ``(0, -1)`` when all did, ``(1, w)`` on timeout (w silent) and
-        ``(2, w)`` when w's socket closed (it died). ``timeout`` < 0 waits forever.
+        Returns ``(0, -1)`` when all did, ``(1, w)`` on timeout (w silent), ``(2, w)``
+        when w's socket closed (it died) and ``(3, w)`` when w sent garbage.
+        ``timeout`` < 0 waits forever.
         """
         cdef Py_ssize_t m = workers.shape[0], k
         cdef int w, r, wait_ms, pending
@@ -350,14 +414,23 @@ cdef class Controller:
                     continue
                 w = workers[k]
                 try:
-                    _read_all(self.fds[w], <char *>hdr, HEADER_BYTES)
+                    _read_bounded(self.fds[w], <char *>hdr, HEADER_BYTES)
+                    if hdr[0] == _WAKE:
+                        continue
+                    # A reply payload written ahead of its doorbell: keep it.
+                    if self.stash[w] is not None or hdr[0] not in (_REPLY_DONE, _REPLY_RESULT, _REPLY_ERROR) \
+                            or hdr[3] < 0 or hdr[3] > MAX_PAYLOAD:
+                        return 3, w  # garbage on the socket
+                    buf = bytearray(hdr[3])
+                    if hdr[3]:
+                        _read_bounded(self.fds[w], <char *>buf, hdr[3])
+                    self.stash[w] = ((hdr[0], hdr[1], hdr[2], hdr[3]), bytes(buf))
                 except PeerClosed:
-                    if self._done(w):
+                    if self._done(w) and self.stash[w] is None:
                         continue
                     return 2, w
-                if hdr[0] != _WAKE:
-                    # A reply payload written ahead of its doorbell: keep it.
-                    self.stash[w] = ((hdr[0], hdr[1], hdr[2], hdr[3]), recv_payload(self.fds[w], hdr[3]))
+                except ValueError:
+                    return 3, w
 
     def reply(self, int w):
         """The reply of worker w to its last command: (code, slot, arg, payload or None)."""
@@ -371,11 +444,12 @@ cdef class Controller:
                 header, payload = self.stash[w]
                 self.stash[w] = None
             else:
-                _read_header_skip_wake(self.fds[w], hdr)
-                header = (hdr[0], hdr[1], hdr[2], hdr[3])
-                payload = recv_payload(self.fds[w], hdr[3])
+                header, payload = _recv_message(self.fds[w])
             if header[0] != code:
                 raise ValueError(f"malformed control message: reply {code} but payload header {header}")
+        elif arg != _NO_PAYLOAD or self.stash[w] is not None:
+            self.stash[w] = None
+            raise ValueError("malformed control message: a payload nobody announced")
         return code, <int>r[C_REPLY_SLOT], arg, payload
 
 
@@ -495,6 +569,22 @@ cdef inline bint _fast_copy(object dest, Py_ssize_t row, object value):
         return False
     memcpy(<char *>cnp.PyArray_DATA(d) + row * nbytes, cnp.PyArray_DATA(v), nbytes)
     return True
+
+
+class InfoPicklingError(TypeError):
+    """A step's infos could not be sent to the parent."""
+
+
+def _dump_records(list records):
+    try:
+        return pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        pass
+    try:  # infos holding lambdas or local classes, as SyncVectorEnv would deliver them
+        import cloudpickle
+        return cloudpickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise InfoPicklingError(f"the infos of this step could not be pickled: {exc}") from exc
 
 
 cdef class Stepper:
@@ -643,5 +733,4 @@ cdef class Stepper:
             if records is None:
                 chan._publish(_REPLY_DONE, <int>r[C_SLOT], _NO_PAYLOAD)
             else:
-                chan.reply(_REPLY_DONE, <int>r[C_SLOT],
-                           pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL))
+                chan.reply(_REPLY_DONE, <int>r[C_SLOT], _dump_records(records))

@@ -12,6 +12,7 @@ stay readable in place until their slot is reused.
 from __future__ import annotations
 
 import multiprocessing as mp
+import operator
 import os
 import pickle
 import time
@@ -75,6 +76,12 @@ def _check_timeout(value, name: str) -> float | None:
     return float(value)
 
 
+def _index(i) -> int:
+    if isinstance(i, bool):
+        raise TypeError("bool is not an env index")
+    return operator.index(i)
+
+
 def _check_spin(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
         raise ValueError(f"{name} must be a number of microseconds in [0, 1e6), got {value!r}")
@@ -89,7 +96,10 @@ def _shutdown(procs, conns, segment_box, grace: float) -> None:
     file, closes its envs and exits. Stragglers (an env stuck in a step) get SIGTERM,
     then SIGKILL.
     """
+    procs = [p for p in procs if p is not None]
     for conn in conns:
+        if conn is None:
+            continue
         try:
             conn.close()
         except OSError:
@@ -429,6 +439,10 @@ class Engine:
                     fail(w, self._death_message(w, doing))
                     pending.remove(w)
                     continue
+                if status == 3:
+                    fail(w, f"{self._worker_desc(w)} sent a malformed message while {doing}")
+                    pending.remove(w)
+                    continue
                 for v in list(pending):  # timed out: every worker still silent has failed
                     if not self._ctl.is_done(v):
                         fail(v, f"{self._worker_desc(v)} did not answer within {timeout:g} s while {doing}")
@@ -587,7 +601,7 @@ class Engine:
         if isinstance(indices, (int, np.integer)) and not isinstance(indices, bool):
             indices = [indices]
         try:
-            out = [int(operator_index(i)) for i in indices]
+            out = [_index(i) for i in indices]
         except TypeError:
             raise ValueError(f"indices must be None, an int or a sequence of ints, got {indices!r}") from None
         for i in out:
@@ -624,17 +638,20 @@ class Engine:
         per_worker = {
             w: (kind, name, tuple(args), dict(kwargs or {}), t) for w, t in targets.items()
         }
-        self._send_commands(E.CMD_CALL, 0, per_worker, per_worker_payload=True)
+        self._send_commands(E.CMD_CALL, 0, per_worker)
         replies = self._gather(targets, self.step_timeout, f"{kind}({name!r})")
         cursor = {w: iter(r) for w, r in replies.items()}
         return [next(cursor[int(self._env_worker[i])]) for i in indices]
 
-    def _send_commands(self, cmd: int, slot: int, targets: dict, per_worker_payload=False) -> None:
+    def _send_commands(self, cmd: int, slot: int, targets: dict) -> None:
+        # Pickle everything first: a failure must not leave some workers with a command.
+        blobs = {}
         for w, payload in targets.items():
             try:
-                blob = cloudpickle.dumps(payload)
+                blobs[w] = cloudpickle.dumps(payload)
             except Exception as exc:
                 raise ValueError(f"could not pickle the arguments for the workers: {exc}") from None
+        for w, blob in blobs.items():
             try:
                 self._ctl.issue(w, cmd, slot, blob)
             except OSError:
@@ -657,7 +674,7 @@ class Engine:
     # ------------------------------------------------------------------ close
     def close(self) -> None:
         """Stop the workers and unlink the segment. Idempotent."""
-        if getattr(self, "_closed", True) and not hasattr(self, "_finalizer"):
+        if not hasattr(self, "_finalizer"):  # __init__ failed before anything started
             return
         self._closed = True
         if self._pending_slot is not None and self._broken is None:
@@ -683,11 +700,3 @@ class Engine:
     def __exit__(self, *exc):
         self.close()
         return False
-
-
-def operator_index(i):
-    import operator
-
-    if isinstance(i, bool):
-        raise TypeError("bool is not an index")
-    return operator.index(i)

@@ -8,7 +8,7 @@ algorithms and wrappers accept it; SB3 stays optional.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from copy import deepcopy
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy as np
 
 from .engine import Engine
 from .errors import ClosedError
+from .layout import build_nested, get_path, leaves_of
 
 try:  # SB3 is optional: without it the class is a plain object with the same API.
     from stable_baselines3.common.vec_env.base_vec_env import VecEnv as _Base
@@ -150,6 +151,8 @@ class SubprocVecEnv(_Base):
         if self.waiting:
             raise RuntimeError("step_async() called twice without step_wait()")
         slot = (self._slot + 1) % self._engine.num_slots
+        if hasattr(self.action_space, "spaces") and not isinstance(actions, Mapping):
+            actions = _batch_per_env_actions(self.action_space, actions, self.num_envs)
         self._engine.step_async(actions, slot)
         self._next_slot = slot
         self.waiting = True
@@ -307,6 +310,30 @@ class SubprocVecEnv(_Base):
 
     def __repr__(self) -> str:
         return f"fastvec.SubprocVecEnv(num_envs={self.num_envs}, num_workers={self._engine.num_workers})"
+
+
+def _batch_per_env_actions(space, actions, num_envs: int) -> dict | tuple:
+    """SB3 passes Dict/Tuple actions as a sequence with one action per env
+    (``actions[i]`` goes to env i); turn that into the batched form the engine takes."""
+    if isinstance(actions, (str, bytes)) or not hasattr(actions, "__len__") or len(actions) != num_envs:
+        raise ValueError(
+            f"actions for a {type(space).__name__} action space must be a sequence of {num_envs} "
+            f"per-env actions (or a batched dict), got {type(actions).__name__}"
+        )
+    per_leaf = []
+    for leaf in leaves_of(space):
+        where = "actions[i]" + "".join(f"[{k!r}]" for k in leaf.path)
+        values = []
+        for i in range(num_envs):
+            try:
+                values.append(np.asarray(get_path(actions[i], leaf.path)))
+            except (KeyError, IndexError, TypeError) as exc:
+                raise ValueError(f"{where} is missing for env {i}: {exc!r}") from None
+        try:
+            per_leaf.append(np.stack(values))
+        except ValueError as exc:
+            raise ValueError(f"{where}: the envs' actions do not stack: {exc}") from None
+    return build_nested(space, per_leaf)[0]
 
 
 def _copy_nested(obs):

@@ -267,5 +267,12 @@ class AsyncVectorEnv(VectorEnv):
         # VectorEnv.__del__ would call close(); the engine has its own finalizer.
         pass
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
     def __repr__(self) -> str:
         return f"fastvec.AsyncVectorEnv(num_envs={self.num_envs}, num_workers={self._engine.num_workers})"

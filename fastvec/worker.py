@@ -180,7 +180,11 @@ def _serve(chan, stepper, envs, offset) -> None:
         except Exception as exc:
             env_index = stepper.current if stepper.current >= 0 else None
             stepper.current = -1
-            chan.reply(E.REPLY_ERROR, 0, _error_payload(exc, env_index, "step" if env_index is not None else "reading a command"))
+            if isinstance(exc, E.InfoPicklingError):
+                during = "sending the step's infos"
+            else:
+                during = "step" if env_index is not None else "reading a command"
+            chan.reply(E.REPLY_ERROR, 0, _error_payload(exc, env_index, during))
             continue
         if cmd == E.CMD_CLOSE:
             for env in envs:

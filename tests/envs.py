@@ -1,0 +1,374 @@
+"""Small deterministic gymnasium envs for the fastvec test suite.
+
+Every env draws its randomness from ``self.np_random`` only, so two copies reset with the
+same seed and fed the same actions produce the same trajectory, in this process or in a
+worker. They live in a module (not in a test file) so that cloudpickle pickles them by
+reference and any start method can rebuild them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import gymnasium as gym
+from gymnasium import spaces
+
+
+def _frame(seed_values, size=8) -> np.ndarray:
+    """A small deterministic rgb frame made from a few numbers."""
+    v = np.asarray(seed_values, dtype=np.float64).ravel()
+    base = (np.abs(v).sum() * 37.0) % 256
+    img = (np.arange(size * size * 3).reshape(size, size, 3) * 7 + int(base)) % 256
+    return img.astype(np.uint8)
+
+
+# --------------------------------------------------------------------------- env 1
+class DictTupleEnv(gym.Env):
+    """Dict observation with a Box, a Discrete, a MultiDiscrete, a MultiBinary, a
+    shape-() Box and (``nested=True``) a nested ``Tuple(Box, Discrete)``; Box actions.
+
+    Episodes terminate after a random length drawn at reset; infos are sometimes empty.
+    SB3's DummyVecEnv does not accept nested spaces: use ``nested=False`` there.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(self, nested: bool = True, max_len: int = 9, render_mode: str | None = None):
+        obs = {
+            "box": spaces.Box(-5.0, 5.0, (3,), np.float32),
+            "disc": spaces.Discrete(5, start=1),
+            "md": spaces.MultiDiscrete([3, 4]),
+            "mb": spaces.MultiBinary(4),
+            "scalar": spaces.Box(-np.inf, np.inf, (), np.float64),
+        }
+        if nested:
+            obs["tup"] = spaces.Tuple((spaces.Box(-1.0, 1.0, (2,), np.float64), spaces.Discrete(3)))
+        self.nested = nested
+        self.observation_space = spaces.Dict(obs)
+        self.action_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.max_len = max_len
+        self.render_mode = render_mode
+        self.pos = np.zeros(3, np.float32)
+        self.t = 0
+        self.length = 1
+        self.last_noise = 0.0
+        self.counter = 0  # an attribute for get_attr/set_attr tests
+
+    def _obs(self):
+        p = self.pos
+        obs = {
+            "box": p.astype(np.float32),
+            "disc": np.int64(1 + int(abs(float(p[1])) * 10) % 5),
+            "md": np.array([self.t % 3, int(abs(float(p[2])) * 7) % 4], dtype=np.int64),
+            "mb": (np.array([p[0], p[1], p[2], self.last_noise]) > 0).astype(np.int8),
+            "scalar": np.float64(float(p.sum()) * 0.5 + self.t),
+        }
+        if self.nested:
+            obs["tup"] = (
+                np.clip(np.array([self.last_noise, float(p[0]) / 5.0]), -1.0, 1.0),
+                np.int64((self.t * 2 + int(p[0] > 0)) % 3),
+            )
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.length = int(self.np_random.integers(3, self.max_len + 1))
+        self.pos = self.np_random.uniform(-1.0, 1.0, 3).astype(np.float32)
+        self.last_noise = float(self.np_random.normal())
+        info = {"length": self.length}
+        if options and "start" in options:
+            self.pos[:] = np.float32(options["start"])
+            info["start"] = float(options["start"])
+        return self._obs(), info
+
+    def step(self, action):
+        a = np.asarray(action, dtype=np.float32)
+        noise = self.np_random.normal(size=3).astype(np.float32)
+        self.last_noise = float(noise[0])
+        self.pos = np.clip(self.pos + np.array([a[0], a[1], a[0] * a[1]], np.float32) + 0.1 * noise, -5, 5)
+        self.pos = self.pos.astype(np.float32)
+        self.t += 1
+        self.counter += 1
+        reward = float(-np.abs(self.pos).sum() + a.sum() + noise[1])
+        terminated = self.t >= self.length
+        info = {"t": self.t, "noise": float(noise[2])} if self.t % 3 == 0 else {}
+        return self._obs(), reward, terminated, False, info
+
+    def render(self):
+        if self.render_mode == "rgb_array":
+            return _frame([*self.pos.tolist(), self.t])
+        return None
+
+    def get_counter(self, add=0):
+        return self.counter + add
+
+
+def make_dict_env(nested: bool = True, render_mode: str | None = None):
+    return DictTupleEnv(nested=nested, render_mode=render_mode)
+
+
+# --------------------------------------------------------------------------- env 2
+class RandomEndEnv(gym.Env):
+    """Episodes end at random times: terminated and truncated are drawn independently
+    (both may be set). Infos are sometimes empty and sometimes hold numbers, arrays,
+    strings and nested dicts; reset infos are sometimes empty too."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, p_end: float = 0.12, render_mode: str | None = None):
+        self.observation_space = spaces.Box(-np.inf, np.inf, (2,), np.float64)
+        self.action_space = spaces.Discrete(3)
+        self.p_end = p_end
+        self.render_mode = render_mode
+        self.x = np.zeros(2)
+        self.t = 0
+        self.episodes = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.episodes += 1
+        self.x = self.np_random.normal(size=2)
+        if self.np_random.random() < 0.5:
+            info = {}
+        else:
+            info = {"episode_id": self.episodes, "start": self.x.copy()}
+        return self.x.copy(), info
+
+    def step(self, action):
+        a = int(action)
+        self.t += 1
+        self.x = self.x + (a - 1) * 0.5 + self.np_random.normal(size=2) * 0.1
+        terminated = bool(self.np_random.random() < self.p_end)
+        truncated = bool(self.np_random.random() < self.p_end)
+        kind = int(self.np_random.integers(5))
+        if kind == 0:
+            info = {}
+        elif kind == 1:
+            info = {"num": float(self.x[0]), "count": self.t, "flag": bool(self.x[1] > 0)}
+        elif kind == 2:
+            info = {"arr": self.x * 2.0, "f32": np.float32(self.x[1])}
+        elif kind == 3:
+            info = {"nested": {"a": self.t, "b": self.x.astype(np.float32),
+                               "deep": {"flag": bool(a == 2)}}}
+        else:
+            info = {"num": float(self.x[1]), "text": f"step-{self.t}"}
+        reward = float(self.x.sum() + a)
+        return self.x.copy(), reward, terminated, truncated, info
+
+    def render(self):
+        if self.render_mode == "rgb_array":
+            return _frame([*self.x.tolist(), self.t])
+        return None
+
+
+# --------------------------------------------------------------------------- env 3
+class EnvExploded(RuntimeError):
+    """Raised by FailingEnv."""
+
+
+class FailingEnv(gym.Env):
+    """Raises ``EnvExploded`` in ``step`` once it has taken ``fail_after`` steps (counted
+    across episodes; ``None`` never fails). Also raises in ``reset`` when
+    ``fail_on_reset`` is set, and in ``explode()`` on demand."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, fail_after: int | None = 3, fail_on_reset: bool = False):
+        self.observation_space = spaces.Box(-10.0, 10.0, (2,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.fail_after = fail_after
+        self.fail_on_reset = fail_on_reset
+        self.steps = 0
+        self.state = np.zeros(2, np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.fail_on_reset:
+            raise EnvExploded("reset exploded")
+        self.state = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        return self.state.copy(), {}
+
+    def step(self, action):
+        if self.fail_after is not None and self.steps >= self.fail_after:
+            raise EnvExploded(f"step {self.steps + 1} exploded")
+        self.steps += 1
+        self.state = np.clip(self.state + (int(action) - 0.5) * 0.1, -10, 10).astype(np.float32)
+        return self.state.copy(), float(self.state[0]), False, False, {}
+
+    def explode(self):
+        raise EnvExploded("explode() was called")
+
+
+def raising_factory():
+    raise ValueError("this factory cannot build an env")
+
+
+# --------------------------------------------------------------------------- helpers
+class StepCounterEnv(gym.Env):
+    """SB3's ``StepEnv``: observation = index of the step, episode of ``max_steps``."""
+
+    def __init__(self, max_steps: int):
+        self.action_space = spaces.Discrete(2)
+        self.observation_space = spaces.Box(np.array([0]), np.array([999]), dtype=np.int64)
+        self.max_steps = max_steps
+        self.current_step = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.current_step = 0
+        return np.array([self.current_step], dtype=np.int64), {}
+
+    def step(self, action):
+        prev_step = self.current_step
+        self.current_step += 1
+        truncated = self.current_step >= self.max_steps
+        return np.array([prev_step], dtype=np.int64), 0.0, False, truncated, {}
+
+
+class ImageEnv(gym.Env):
+    """A channel-last uint8 image observation (for VecFrameStack / VecTransposeImage);
+    random episode lengths, all drawn from ``np_random``."""
+
+    def __init__(self, shape=(12, 8, 3)):
+        self.observation_space = spaces.Box(0, 255, shape, np.uint8)
+        self.action_space = spaces.Discrete(2)
+        self.t = 0
+        self.length = 1
+
+    def _obs(self):
+        return self.np_random.integers(0, 256, self.observation_space.shape, dtype=np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.length = int(self.np_random.integers(2, 7))
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = self._obs()
+        obs[0, 0, 0] = int(action) * 100 + self.t
+        return obs, float(action) - 0.5, self.t >= self.length, False, {}
+
+
+class SB3CustomEnv(gym.Env):
+    """The env of SB3's own vec-env tests: observations sampled from ``space`` (which is
+    also the action space), rewards from numpy's global RNG, episodes of 4 steps."""
+
+    def __init__(self, space, render_mode: str | None = "rgb_array"):
+        self.action_space = space
+        self.observation_space = space
+        self.current_step = 0
+        self.ep_length = 4
+        self.render_mode = render_mode
+        self.current_options = None
+        self.state = None
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.seed(seed)
+        self.current_step = 0
+        self.current_options = options
+        self.state = self.observation_space.sample()
+        return self.state, {}
+
+    def step(self, action):
+        reward = float(np.random.rand())
+        self.state = self.observation_space.sample()
+        self.current_step += 1
+        return self.state, reward, False, self.current_step >= self.ep_length, {}
+
+    def render(self):
+        if self.render_mode == "rgb_array":
+            return np.zeros((4, 4, 3))
+        return None
+
+    def seed(self, seed=None):
+        if seed is not None:
+            np.random.seed(seed)
+            self.observation_space.seed(seed)
+
+    @staticmethod
+    def custom_method(dim_0=1, dim_1=1):
+        return np.ones((dim_0, dim_1))
+
+
+def _flat_values(space, value) -> list[float]:
+    """Depth-first float values of ``value`` (an element of ``space``)."""
+    if isinstance(space, spaces.Dict):
+        return [x for key, sub in space.spaces.items() for x in _flat_values(sub, value[key])]
+    if isinstance(space, spaces.Tuple):
+        return [x for sub, v in zip(space.spaces, value) for x in _flat_values(sub, v)]
+    return np.asarray(value, dtype=np.float64).ravel().tolist()
+
+
+def _flat_size(space) -> int:
+    if isinstance(space, spaces.Dict):
+        return sum(_flat_size(s) for s in space.spaces.values())
+    if isinstance(space, spaces.Tuple):
+        return sum(_flat_size(s) for s in space.spaces)
+    if isinstance(space, spaces.Discrete):
+        return 1
+    if isinstance(space, spaces.MultiDiscrete):
+        return int(space.nvec.size)
+    return int(np.prod(space.shape))
+
+
+class EchoEnv(gym.Env):
+    """Observes the action it was given (flattened, as float64) plus one number drawn
+    from ``np_random``; counts actions outside its action space in ``invalid``.
+    Episodes end every ``period`` steps."""
+
+    def __init__(self, action_space: spaces.Space, period: int = 5):
+        self.action_space = action_space
+        self.observation_space = spaces.Box(-np.inf, np.inf, (_flat_size(action_space) + 1,), np.float64)
+        self.period = period
+        self.t = 0
+        self.invalid = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        obs = np.zeros(self.observation_space.shape)
+        obs[-1] = self.np_random.random()
+        return obs, {}
+
+    def step(self, action):
+        if not self.action_space.contains(action):
+            self.invalid += 1
+        self.t += 1
+        obs = np.array(_flat_values(self.action_space, action) + [self.np_random.random()])
+        return obs, float(obs.sum()), self.t % self.period == 0, False, {}
+
+
+class MisbehavingEnv(gym.Env):
+    """Returns something odd from ``step`` when ``kind`` says so:
+    "local_fn" (an info holding a local function: picklable by cloudpickle only),
+    "lock" (an info holding a lock: not picklable at all), "obs_shape" (an observation
+    of the wrong shape). ``kind=None`` behaves."""
+
+    def __init__(self, kind=None):
+        self.kind = kind
+        self.observation_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        import threading
+
+        self.t += 1
+        obs = np.full(2, 0.1 * int(action), np.float32)
+        info = {}
+        offset = self.t
+        if self.kind == "local_fn":
+            info = {"fn": lambda x: x + offset}
+        elif self.kind == "lock":
+            info = {"lock": threading.Lock()}
+        elif self.kind == "obs_shape":
+            obs = np.zeros(3, np.float32)
+        return obs, 1.0, False, False, info

@@ -1,0 +1,76 @@
+"""Comparison helpers shared by the equivalence tests."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+
+def assert_same(actual, expected, path: str = "value", check_dtype: bool = True) -> None:
+    """Recursively assert that ``actual`` equals ``expected``.
+
+    dicts: same keys, values compared recursively; tuples/lists: same length and type;
+    numpy arrays: same shape, same dtype (unless ``check_dtype`` is false) and equal
+    values (NaN equals NaN); object arrays are compared element by element, recursively.
+    A numpy scalar and a 0-d array of the same dtype compare equal; Python numbers are
+    compared by value.
+    """
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), f"{path}: expected a dict, got {type(actual).__name__}"
+        assert set(actual) == set(expected), (
+            f"{path}: keys differ: got {sorted(map(str, actual))}, expected {sorted(map(str, expected))}"
+        )
+        for key in expected:
+            assert_same(actual[key], expected[key], f"{path}[{key!r}]", check_dtype)
+        return
+    if isinstance(expected, (tuple, list)):
+        assert isinstance(actual, type(expected)), (
+            f"{path}: expected a {type(expected).__name__}, got {type(actual).__name__}"
+        )
+        assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
+        for k, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, f"{path}[{k}]", check_dtype)
+        return
+    if isinstance(expected, np.ndarray) and expected.dtype == object:
+        assert isinstance(actual, np.ndarray), f"{path}: expected an object array, got {type(actual).__name__}"
+        assert actual.dtype == object, f"{path}: dtype {actual.dtype} != object"
+        assert actual.shape == expected.shape, f"{path}: shape {actual.shape} != {expected.shape}"
+        for idx in np.ndindex(expected.shape):
+            assert_same(actual[idx], expected[idx], f"{path}[{', '.join(map(str, idx))}]", check_dtype)
+        return
+    if isinstance(expected, (np.ndarray, np.generic)):
+        assert isinstance(actual, (np.ndarray, np.generic)), (
+            f"{path}: expected a numpy value of dtype {expected.dtype}, got {type(actual).__name__} {actual!r}"
+        )
+        a, e = np.asarray(actual), np.asarray(expected)
+        if check_dtype:
+            assert a.dtype == e.dtype, f"{path}: dtype {a.dtype} != {e.dtype}"
+        assert a.shape == e.shape, f"{path}: shape {a.shape} != {e.shape}"
+        np.testing.assert_array_equal(a, e, err_msg=path, strict=False)
+        return
+    if expected is None or isinstance(expected, (str, bytes, bool)):
+        assert actual == expected and type(actual) is type(expected), f"{path}: {actual!r} != {expected!r}"
+        return
+    if isinstance(expected, numbers.Number):
+        assert isinstance(actual, (numbers.Number, np.generic)), f"{path}: {actual!r} is not a number"
+        assert actual == expected or (actual != actual and expected != expected), f"{path}: {actual!r} != {expected!r}"
+        return
+    assert actual == expected, f"{path}: {actual!r} != {expected!r}"
+
+
+def copy_nested(value):
+    """A deep copy of a nested observation (dicts/tuples of arrays)."""
+    if isinstance(value, dict):
+        return {k: copy_nested(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(copy_nested(v) for v in value)
+    return np.array(value, copy=True)
+
+
+def leaves(value):
+    """The arrays of a nested observation, depth first."""
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in leaves(v)]
+    if isinstance(value, tuple):
+        return [x for v in value for x in leaves(v)]
+    return [value]
