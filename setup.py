@@ -29,6 +29,9 @@ def extensions():
                 extra_compile_args=["-O3"],
             )
         )
+    if not exts and not only:
+        # An sdist without csrc/*.pyx would otherwise build a wheel with no extensions.
+        raise RuntimeError("no csrc/*.pyx found: fastvec cannot be built without its Cython sources")
     return cythonize(
         exts,
         compiler_directives={

@@ -21,6 +21,23 @@ import _posixshmem
 
 sys.path.insert(0, os.path.dirname(__file__))  # `import envs` from any start method
 
+
+def pytest_report_header(config):
+    import fastvec
+
+    return f"fastvec under test: {os.path.dirname(fastvec.__file__)}"
+
+
+def pytest_sessionstart(session):
+    # CI tests the installed package: fail at once if the source tree shadows it.
+    if os.environ.get("FASTVEC_REQUIRE_INSTALLED"):
+        import fastvec
+
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        if os.path.abspath(fastvec.__file__).startswith(repo + os.sep):
+            pytest.exit(f"fastvec was imported from the source tree ({fastvec.__file__}), "
+                        "not from the installed package", returncode=4)
+
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "fastvec_"
 GRACE_S = 3.0
