@@ -8,6 +8,7 @@ Front doors:
 Both run on ``fastvec.Engine``. ``fastvec.gae`` computes GAE over ``[T, N]`` rollouts.
 """
 from .errors import ClosedError, WorkerError
+from .gae import gae, gae_from_dones  # eager: the module shares the function's name
 
 __version__ = "0.1.0"
 
@@ -16,11 +17,9 @@ _LAZY = {
     "Engine": ("fastvec.engine", "Engine"),
     "AsyncVectorEnv": ("fastvec.vector", "AsyncVectorEnv"),
     "SubprocVecEnv": ("fastvec.sb3", "SubprocVecEnv"),
-    "gae": ("fastvec.gae", "gae"),
-    "gae_from_dones": ("fastvec.gae", "gae_from_dones"),
 }
 
-__all__ = ["WorkerError", "ClosedError", *_LAZY]
+__all__ = ["WorkerError", "ClosedError", "gae", "gae_from_dones", *_LAZY]
 
 
 def __getattr__(name):

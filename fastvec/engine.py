@@ -26,7 +26,7 @@ import numpy as np
 from . import _engine as E
 from .actions import ActionWriter
 from .errors import ClosedError, WorkerError
-from .layout import build_nested, leaves_of, plan_segment
+from .layout import build_nested, leaves_of, map_nested, plan_segment, readonly_view
 from .shm import create_segment, release_segment
 from .worker import worker_main
 
@@ -661,6 +661,10 @@ class Engine:
     def obs_view(self, slot: int, space=None):
         """The batched observation of ``slot`` as views (Dict/Tuple rebuilt)."""
         return build_nested(space or self.single_observation_space, [b[slot] for b in self.obs_bufs])[0]
+
+    def observation(self, slot: int, copy: bool):
+        """What a front door returns: fresh arrays, or read-only views into the ring."""
+        return map_nested(np.copy if copy else readonly_view, self.obs_view(slot))
 
     def final_obs_of(self, slot: int, i: int):
         """A copy of env i's final observation of the episode that ended in ``slot``."""

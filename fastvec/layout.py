@@ -75,6 +75,22 @@ def build_nested(space: spaces.Space, arrays: list, start: int = 0):
     return arrays[start], start + 1
 
 
+def map_nested(fn, value):
+    """Apply ``fn`` to every array of a Dict/Tuple-shaped value."""
+    if isinstance(value, dict):
+        return {k: map_nested(fn, v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(map_nested(fn, v) for v in value)
+    return fn(value)
+
+
+def readonly_view(arr: np.ndarray) -> np.ndarray:
+    """Views handed to users are read-only: writing into the ring would corrupt it."""
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
 class SegmentPlan:
     """Byte offsets of named arrays inside one segment, computed before allocation."""
 

@@ -122,10 +122,7 @@ class SubprocVecEnv(_Base):
             raise ClosedError("this SubprocVecEnv is closed")
 
     def _observation(self, slot: int):
-        obs = self._engine.obs_view(slot, self.observation_space)
-        if self.copy:
-            return _copy_nested(obs)
-        return _readonly_nested(obs)
+        return self._engine.observation(slot, self.copy)
 
     # -------------------------------------------------------------- stepping
     def reset(self):
@@ -334,22 +331,3 @@ def _batch_per_env_actions(space, actions, num_envs: int) -> dict | tuple:
         except ValueError as exc:
             raise ValueError(f"{where}: the envs' actions do not stack: {exc}") from None
     return build_nested(space, per_leaf)[0]
-
-
-def _copy_nested(obs):
-    if isinstance(obs, dict):
-        return {k: _copy_nested(v) for k, v in obs.items()}
-    if isinstance(obs, tuple):
-        return tuple(_copy_nested(v) for v in obs)
-    return obs.copy()
-
-
-def _readonly_nested(obs):
-    """Views handed to users are read-only: writing into the ring would corrupt it."""
-    if isinstance(obs, dict):
-        return {k: _readonly_nested(v) for k, v in obs.items()}
-    if isinstance(obs, tuple):
-        return tuple(_readonly_nested(v) for v in obs)
-    view = obs.view()
-    view.flags.writeable = False
-    return view

@@ -15,13 +15,47 @@ from gymnasium.vector.utils import batch_space
 
 from .engine import Engine
 from .errors import ClosedError
-from .sb3 import _copy_nested, _readonly_nested
 
 _MODES = {
     AutoresetMode.NEXT_STEP: "next_step",
     AutoresetMode.SAME_STEP: "same_step",
     AutoresetMode.DISABLED: "disabled",
 }
+
+
+_SCALARS = (int, float, bool)
+
+
+def merge_flat_infos(records, num_envs: int) -> dict[str, Any] | None:
+    """The common case of ``VectorEnv._add_info`` in one pass per key: every info is a
+    flat dict of numbers (MuJoCo's x_position, ALE's lives, ...) and each key keeps one
+    type across envs. Gives exactly what ``_add_info`` gives (an array of
+    ``type(value)`` plus a ``_key`` mask per key, in order of first appearance), or None
+    when the infos need the general merge."""
+    columns: dict[str, tuple] = {}
+    for i, step_info, reset_info in records:
+        info = step_info if step_info is not None else reset_info
+        for key, value in info.items():
+            kind = type(value)
+            if not (kind in _SCALARS or issubclass(kind, np.number)) or key == "final_obs":
+                return None
+            col = columns.get(key)
+            if col is None:
+                columns[key] = (kind, [i], [value])
+            elif col[0] is not kind:
+                return None
+            else:
+                col[1].append(i)
+                col[2].append(value)
+    infos: dict[str, Any] = {}
+    for key, (kind, idx, values) in columns.items():
+        array = np.zeros(num_envs, dtype=kind)
+        array[idx] = values
+        mask = np.zeros(num_envs, dtype=np.bool_)
+        mask[idx] = True
+        infos[key] = array
+        infos[f"_{key}"] = mask
+    return infos
 
 
 def _check_seed(seed, where: str):
@@ -135,8 +169,7 @@ class AsyncVectorEnv(VectorEnv):
             raise ClosedError("this AsyncVectorEnv is closed")
 
     def _observation(self, slot: int):
-        obs = self._engine.obs_view(slot, self.single_observation_space)
-        return _copy_nested(obs) if self.copy else _readonly_nested(obs)
+        return self._engine.observation(slot, self.copy)
 
     # -------------------------------------------------------------- reset / step
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
@@ -204,8 +237,24 @@ class AsyncVectorEnv(VectorEnv):
         records = self._engine.step_wait(timeout)
         slot = self._slot = self._next_slot
         eng = self._engine
-        infos: dict[str, Any] = {}
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
+        infos = None
+        if not (same_step and any(rec[2] is not None for rec in records)):
+            infos = merge_flat_infos(records, self.num_envs)
+        if infos is None:
+            infos = self._merge_infos(records, slot, same_step)
+        return (
+            self._observation(slot),
+            eng.rewards[slot].copy(),
+            eng.terminated[slot].copy(),
+            eng.truncated[slot].copy(),
+            infos,
+        )
+
+    def _merge_infos(self, records, slot: int, same_step: bool) -> dict[str, Any]:
+        """gymnasium's merge, env by env (nested infos, final observations)."""
+        eng = self._engine
+        infos: dict[str, Any] = {}
         for i, step_info, reset_info in records:
             if same_step and reset_info is not None:
                 infos = self._add_info(
@@ -214,13 +263,7 @@ class AsyncVectorEnv(VectorEnv):
                 infos = self._add_info(infos, reset_info, i)
             else:
                 infos = self._add_info(infos, step_info if step_info is not None else reset_info, i)
-        return (
-            self._observation(slot),
-            eng.rewards[slot].copy(),
-            eng.terminated[slot].copy(),
-            eng.truncated[slot].copy(),
-            infos,
-        )
+        return infos
 
     def step(self, actions):
         self.step_async(actions)

@@ -1,0 +1,1 @@
+"""Measuring code for fastvec (importable from an installed package)."""
