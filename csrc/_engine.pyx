@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 
+from fastvec.infos import encode_columns
+
 cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport ECONNRESET, EINTR, EPIPE, errno
@@ -576,13 +578,17 @@ class InfoPicklingError(TypeError):
 
 
 def _dump_records(list records):
+    """A step's report: ("cols", columns) for flat numeric infos, else ("recs", records)."""
+    columns = encode_columns(records)
+    if columns is not None:
+        return pickle.dumps(("cols", columns), protocol=pickle.HIGHEST_PROTOCOL)
     try:
-        return pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(("recs", records), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
         pass
     try:  # infos holding lambdas or local classes, as SyncVectorEnv would deliver them
         import cloudpickle
-        return cloudpickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+        return cloudpickle.dumps(("recs", records), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
         raise InfoPicklingError(f"the infos of this step could not be pickled: {exc}") from exc
 

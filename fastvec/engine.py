@@ -26,6 +26,7 @@ import numpy as np
 from . import _engine as E
 from .actions import ActionWriter
 from .errors import ClosedError, WorkerError
+from .infos import columns_to_records, merge_columns
 from .layout import build_nested, leaves_of, map_nested, plan_segment, readonly_view
 from .shm import create_segment, release_segment
 from .worker import worker_main
@@ -536,6 +537,14 @@ class Engine:
         """Wait for the step in flight. Returns a list of ``(env_index, step_info,
         reset_info)`` for the envs that reported something (ended episodes, infos),
         in env order.
+        """
+        columns, records = self.step_wait_report(timeout)
+        return records if columns is None else columns_to_records(columns)
+
+    def step_wait_report(self, timeout: float | None = ...):
+        """Like ``step_wait``, but returns ``(columns, records)``: exactly one is not None.
+        ``columns`` (see ``fastvec.infos``) when every info of the step is a flat dict of
+        numbers, which spares a front door the per-env dicts.
 
         With ``restart_on_error``, a failed worker (dead, stuck past ``step_timeout``, or
         an env that raised) is replaced and its envs reset; they report a truncated
@@ -552,17 +561,39 @@ class Engine:
             if fatal:
                 self._broken = str(exc)
             raise exc
-        records = []
-        for w, recs in results.items():
-            if recs:
-                start = self.groups[w][0]
-                records += [(start + j, step_info, reset_info) for j, step_info, reset_info in recs]
+        columns, records = self._join_reports(results)
+        if failures:
+            records = (records if columns is None else columns_to_records(columns))
+            columns = None
         for w, (exc, _fatal) in failures.items():
             records += self._replace_failed(w, slot, exc)
         if failures:
             records.sort(key=lambda rec: rec[0])
         self._last_slot = slot
-        return records
+        return columns, records
+
+    def _join_reports(self, results: dict):
+        """Workers' step reports -> ``(columns, None)`` when every worker that reported
+        sent flat numeric columns, else ``(None, records)`` in env order."""
+        parts, records, flat = [], [], True
+        for w, report in results.items():
+            if report is None:
+                continue
+            kind, body = report
+            start = self.groups[w][0]
+            if kind == "cols":
+                parts.append((start, body))
+            else:
+                flat = False
+                records += [(start + j, step_info, reset_info) for j, step_info, reset_info in body]
+        if flat:
+            columns = merge_columns(parts)
+            if columns is not None:
+                return columns, None
+        for start, cols in parts:
+            records += [(start + i, info, r) for i, info, r in columns_to_records(cols)]
+        records.sort(key=lambda rec: rec[0])
+        return None, records
 
     def _replace_failed(self, w: int, slot: int, exc: WorkerError) -> list:
         a, b = self.groups[w]

@@ -15,47 +15,13 @@ from gymnasium.vector.utils import batch_space
 
 from .engine import Engine
 from .errors import ClosedError
+from .infos import columns_to_vector_infos
 
 _MODES = {
     AutoresetMode.NEXT_STEP: "next_step",
     AutoresetMode.SAME_STEP: "same_step",
     AutoresetMode.DISABLED: "disabled",
 }
-
-
-_SCALARS = (int, float, bool)
-
-
-def merge_flat_infos(records, num_envs: int) -> dict[str, Any] | None:
-    """The common case of ``VectorEnv._add_info`` in one pass per key: every info is a
-    flat dict of numbers (MuJoCo's x_position, ALE's lives, ...) and each key keeps one
-    type across envs. Gives exactly what ``_add_info`` gives (an array of
-    ``type(value)`` plus a ``_key`` mask per key, in order of first appearance), or None
-    when the infos need the general merge."""
-    columns: dict[str, tuple] = {}
-    for i, step_info, reset_info in records:
-        info = step_info if step_info is not None else reset_info
-        for key, value in info.items():
-            kind = type(value)
-            if not (kind in _SCALARS or issubclass(kind, np.number)) or key == "final_obs":
-                return None
-            col = columns.get(key)
-            if col is None:
-                columns[key] = (kind, [i], [value])
-            elif col[0] is not kind:
-                return None
-            else:
-                col[1].append(i)
-                col[2].append(value)
-    infos: dict[str, Any] = {}
-    for key, (kind, idx, values) in columns.items():
-        array = np.zeros(num_envs, dtype=kind)
-        array[idx] = values
-        mask = np.zeros(num_envs, dtype=np.bool_)
-        mask[idx] = True
-        infos[key] = array
-        infos[f"_{key}"] = mask
-    return infos
 
 
 def _check_seed(seed, where: str):
@@ -234,15 +200,13 @@ class AsyncVectorEnv(VectorEnv):
         if not self._waiting:
             raise RuntimeError("step_wait() called without step_async()")
         self._waiting = False
-        records = self._engine.step_wait(timeout)
+        columns, records = self._engine.step_wait_report(timeout)
         slot = self._slot = self._next_slot
         eng = self._engine
-        same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
-        infos = None
-        if not (same_step and any(rec[2] is not None for rec in records)):
-            infos = merge_flat_infos(records, self.num_envs)
-        if infos is None:
-            infos = self._merge_infos(records, slot, same_step)
+        if columns is not None:
+            infos = columns_to_vector_infos(columns, self.num_envs)
+        else:
+            infos = self._merge_infos(records, slot, self.autoreset_mode == AutoresetMode.SAME_STEP)
         return (
             self._observation(slot),
             eng.rewards[slot].copy(),

@@ -372,3 +372,36 @@ class MisbehavingEnv(gym.Env):
         elif self.kind == "obs_shape":
             obs = np.zeros(3, np.float32)
         return obs, 1.0, False, False, info
+
+
+class FlatInfoEnv(gym.Env):
+    """Infos that are flat dicts of numbers of many types (what MuJoCo and ALE return),
+    the case fastvec sends as columns. Keys come and go, and now and then a key changes
+    type (a ``float`` where it was ``np.float64``), which must fall back to records."""
+
+    observation_space = spaces.Box(-10.0, 10.0, (3,), np.float32)
+    action_space = spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self.np_random.normal(size=3).astype(np.float32), {"start": np.float64(self.np_random.normal())}
+
+    def step(self, action):
+        self._t += 1
+        rng = self.np_random
+        x = rng.normal(size=3).astype(np.float32)
+        info = {
+            "x_position": np.float64(x[0]),
+            "lives": int(rng.integers(0, 5)),
+            "reward_ctrl": np.float32(-abs(x[1])),
+            "flag": bool(x[2] > 0),
+            "frame": np.int32(self._t),
+        }
+        if rng.random() < 0.3:
+            info["sometimes"] = float(x[1])
+        if rng.random() < 0.05:
+            info["x_position"] = float(x[0])  # a different type for one key
+        terminated = bool(rng.random() < 0.03)
+        truncated = self._t >= 40
+        return x, float(action) * 0.5, terminated, truncated, info

@@ -53,6 +53,8 @@ def assert_same(actual, expected, path: str = "value", check_dtype: bool = True)
         return
     if isinstance(expected, numbers.Number):
         assert isinstance(actual, (numbers.Number, np.generic)), f"{path}: {actual!r} is not a number"
+        if type(expected) in (int, float, complex):  # infos keep the env's own types
+            assert type(actual) is type(expected), f"{path}: {type(actual).__name__} != {type(expected).__name__}"
         assert actual == expected or (actual != actual and expected != expected), f"{path}: {actual!r} != {expected!r}"
         return
     assert actual == expected, f"{path}: {actual!r} != {expected!r}"

@@ -16,7 +16,7 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import fastvec
-from envs import DictTupleEnv, EchoEnv, RandomEndEnv
+from envs import DictTupleEnv, EchoEnv, RandomEndEnv, FlatInfoEnv
 from helpers import assert_same, copy_nested, leaves
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
@@ -36,7 +36,7 @@ def make_random_end():
     return RandomEndEnv()
 
 
-ENV_MAKERS = {"cartpole": make_cartpole, "dict_tuple": make_dict, "random_end": make_random_end}
+ENV_MAKERS = {"cartpole": make_cartpole, "dict_tuple": make_dict, "random_end": make_random_end, "flat_info": FlatInfoEnv}
 
 
 def make_pair(maker, num_envs, num_workers, mode=AutoresetMode.NEXT_STEP, copy=True, fns=None, **kwargs):

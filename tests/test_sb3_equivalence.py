@@ -16,7 +16,7 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 import fastvec
-from envs import DictTupleEnv, RandomEndEnv
+from envs import DictTupleEnv, RandomEndEnv, FlatInfoEnv
 from helpers import assert_same, copy_nested, leaves
 
 LAYOUTS = [(3, 1), (5, 2), (4, 3)]
@@ -35,7 +35,7 @@ def make_random_end():
     return RandomEndEnv()
 
 
-ENV_MAKERS = {"cartpole": make_cartpole, "dict": make_dict, "random_end": make_random_end}
+ENV_MAKERS = {"cartpole": make_cartpole, "dict": make_dict, "random_end": make_random_end, "flat_info": FlatInfoEnv}
 
 
 def make_pair(maker, num_envs, num_workers=2, **kwargs):
