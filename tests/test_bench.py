@@ -1,0 +1,137 @@
+"""`fastvec bench`: the quick run writes its files, bad arguments fail cleanly, and the
+baselines SubprocVecEnv peer is a correct vector env."""
+import functools
+import json
+
+import numpy as np
+import pytest
+
+gym = pytest.importorskip("gymnasium")
+
+from fastvec.bench.baselines_subproc import SubprocVecEnv as BaselinesSubprocVecEnv  # noqa: E402
+from fastvec.bench.cli import main  # noqa: E402
+from fastvec.bench.envs import LargeObsEnv, make_gym  # noqa: E402
+
+
+def test_quick_bench_writes_results(tmp_path, capsys):
+    out = tmp_path / "bench"
+    rc = main("bench", ["--quick", "--out", str(out), "--no-progress"])
+    assert rc == 0, capsys.readouterr()
+    for name in ("results.md", "results.json", "ratios.png", "scaling.png", "latency.png", "worker-output.log"):
+        assert (out / name).is_file(), name
+    for name in ("ratios.png", "scaling.png", "latency.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    res = json.loads((out / "results.json").read_text())
+    assert [w["workload"] for w in res["vecenv"]] == ["cartpole16"]
+    rows = {c["candidate"]: c for c in res["vecenv"][0]["candidates"]}
+    assert {"sync", "fastvec", "fastvec_sb3", "baselines", "gym_async"} <= rows.keys()
+    for key, c in rows.items():
+        assert c["errors"] == [], (key, c["errors"])
+        assert c["rounds"] == 2 and c["median_sps"] > 0
+        assert c["ratio"]["min"] <= c["ratio"]["median"] <= c["ratio"]["max"]
+        assert c["latency_ms"]["p50"] <= c["latency_ms"]["p90"] <= c["latency_ms"]["p99"]
+    assert rows["sync"]["ratio"]["median"] == pytest.approx(1.0)
+    assert res["vecenv"][0]["fastvec_vs_baselines"]["median"] > 0
+    # Optional peers are either measured or explained.
+    for key, mod in (("sb3", "stable_baselines3"), ("envpool", "envpool")):
+        if key not in rows:
+            assert any(mod in n for n in res["notes"]), res["notes"]
+    sc = res["scaling"]
+    assert {(p["candidate"], p["num_envs"], p["num_workers"]) for p in sc["points"]} == {
+        ("sync", 4, None), ("fastvec", 4, 1), ("fastvec", 4, 2),
+        ("sync", 16, None), ("fastvec", 16, 1), ("fastvec", 16, 2)}
+    assert all(p["median_sps"] > 0 for p in sc["points"])
+    assert res["gae"]["methods"]["fastvec"]["median_s"] > 0
+
+    md = (out / "results.md").read_text()
+    summary = md.split("## Summary", 1)[1].split("##", 1)[0]
+    table = [line for line in summary.splitlines() if line.startswith("| CartPole-v1, 16 envs |")]
+    assert len(table) == len(rows)
+    labels = [line.split("|")[2].strip() for line in table]
+    assert "gymnasium SyncVectorEnv" in labels and "fastvec.AsyncVectorEnv" in labels
+    assert "baselines SubprocVecEnv (Pipe/env)" in labels
+    sync_row = table[labels.index("gymnasium SyncVectorEnv")]
+    assert "| 1.00x |" in sync_row
+    assert "## Targets" in md and "## Scaling" in md and "## GAE" in md
+    assert "CartPole-v1, 16 envs | fastvec.AsyncVectorEnv / SyncVectorEnv | >= 1.2x" in md
+    printed = capsys.readouterr().out
+    assert "results.md" in printed
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--repeats", "0"], "--repeats"),
+        (["--steps", "abc"], "--steps"),
+        (["--only", "nope"], "unknown workload 'nope'"),
+        (["--no-peers", "torchrl"], "unknown peer 'torchrl'"),
+        (["--frobnicate"], "unrecognized arguments"),
+    ],
+)
+def test_bad_arguments(argv, needle, capsys):
+    assert main("bench", argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("fastvec bench: error:") and needle in err
+
+
+def test_out_is_a_file(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert main("bench", ["--quick", "--out", str(f)]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main("bench", ["--help"])
+    assert exc.value.code == 0
+    assert "--quick" in capsys.readouterr().out
+
+
+def test_baselines_subproc_matches_sync():
+    """Same seeds and actions: the peer's observations, rewards and flags equal those of
+    SyncVectorEnv with SAME_STEP autoreset (the worker resets in the same step)."""
+    n = 4
+    fns = [functools.partial(make_gym, "CartPole-v1") for _ in range(n)]
+    ref = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    env = BaselinesSubprocVecEnv(fns)
+    try:
+        assert env.num_envs == n and env.action_space == ref.single_action_space
+        obs, infos = env.reset(seed=123)
+        ref_obs, _ = ref.reset(seed=123)
+        np.testing.assert_array_equal(obs, ref_obs)
+        assert len(infos) == n
+        rng = np.random.default_rng(0)
+        episodes = 0
+        for _ in range(300):
+            actions = rng.integers(0, 2, n)
+            o, r, term, trunc, infos = env.step(actions)
+            ro, rr, rterm, rtrunc, _ = ref.step(actions)
+            np.testing.assert_array_equal(o, ro)
+            np.testing.assert_array_equal(r, rr)
+            np.testing.assert_array_equal(term, rterm)
+            np.testing.assert_array_equal(trunc, rtrunc)
+            assert o.shape == (n, 4) and len(infos) == n
+            episodes += int(np.sum(term | trunc))
+        assert episodes > 5  # autoreset was exercised
+        # Reseeding restarts the same episodes.
+        obs2, _ = env.reset(seed=123)
+        np.testing.assert_array_equal(obs2, ref_obs)
+    finally:
+        env.close()
+        ref.close()
+    assert env.closed and all(not p.is_alive() for p in env.ps)
+    env.close()  # idempotent
+
+
+def test_large_obs_env():
+    env = LargeObsEnv(obs_shape=(3, 210, 160), dtype="uint8", episode_len=3)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (3, 210, 160) and obs.dtype == np.uint8 and env.observation_space.contains(obs)
+    flags = [env.step(1)[2] for _ in range(3)]
+    assert flags == [False, False, True]
+    big = LargeObsEnv()
+    o, _ = big.reset()
+    assert o.nbytes == 1 << 20 and big.observation_space.contains(o)
