@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from .door import EngineDoor
 from .engine import Engine
-from .errors import ClosedError
+from .infos import columns_to_records
 from .layout import build_nested, get_path, leaves_of
 
 try:  # SB3 is optional: without it the class is a plain object with the same API.
@@ -35,7 +36,7 @@ def tile_images(images: Sequence[np.ndarray]) -> np.ndarray:
     return padded.reshape(rows, cols, h, w, c).transpose(0, 2, 1, 3, 4).reshape(rows * h, cols * w, c)
 
 
-class SubprocVecEnv(_Base):
+class SubprocVecEnv(EngineDoor, _Base):
     """Shared-memory multiprocess vector env with Stable-Baselines3's ``VecEnv`` API.
 
     Parameters
@@ -75,7 +76,7 @@ class SubprocVecEnv(_Base):
     ):
         self.closed = True
         self.waiting = False
-        self._engine = Engine(
+        engine = Engine(
             env_fns,
             num_workers=num_workers,
             num_slots=num_slots,
@@ -84,7 +85,8 @@ class SubprocVecEnv(_Base):
             step_timeout=step_timeout,
             restart_on_error=restart_on_error,
         )
-        eng = self._engine
+        self._open_door(engine, copy)
+        eng = engine
         self.num_envs = eng.num_envs
         self.observation_space = eng.single_observation_space
         self.action_space = eng.single_action_space
@@ -95,40 +97,16 @@ class SubprocVecEnv(_Base):
         modes = ["human", "rgb_array"] if self.render_mode == "rgb_array" else (
             [self.render_mode] if self.render_mode is not None else [])
         self.metadata = {"render_modes": modes}
-        self.copy = bool(copy)
-        self._slot = 0
-        self._next_slot = 0
         self.closed = False
-
-    # -------------------------------------------------------------- properties
-    @property
-    def worker_pids(self) -> list[int]:
-        return self._engine.worker_pids
-
-    @property
-    def num_workers(self) -> int:
-        return self._engine.num_workers
-
-    @property
-    def engine(self) -> Engine:
-        return self._engine
 
     @property
     def unwrapped(self):
         return self
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ClosedError("this SubprocVecEnv is closed")
-
-    def _observation(self, slot: int):
-        return self._engine.observation(slot, self.copy)
-
     # -------------------------------------------------------------- stepping
     def reset(self):
-        self._check_open()
-        self._drain()
-        slot = (self._slot + 1) % self._engine.num_slots
+        self._idle()
+        slot = self._free_slot()
         kwargs = {}
         for i in range(self.num_envs):
             kw = {"seed": self._seeds[i]}
@@ -144,23 +122,14 @@ class SubprocVecEnv(_Base):
         return self._observation(slot)
 
     def step_async(self, actions: np.ndarray) -> None:
-        self._check_open()
-        if self.waiting:
-            raise RuntimeError("step_async() called twice without step_wait()")
-        slot = (self._slot + 1) % self._engine.num_slots
         if hasattr(self.action_space, "spaces") and not isinstance(actions, Mapping):
             actions = _batch_per_env_actions(self.action_space, actions, self.num_envs)
-        self._engine.step_async(actions, slot)
-        self._next_slot = slot
-        self.waiting = True
+        self._send_step(actions)
 
     def step_wait(self):
-        self._check_open()
-        if not self.waiting:
-            raise RuntimeError("step_wait() called without step_async()")
-        self.waiting = False
-        records = self._engine.step_wait()
-        slot = self._slot = self._next_slot
+        slot, columns, records = self._receive_step()
+        if columns is not None:
+            records = columns_to_records(columns)
         eng = self._engine
         term = eng.terminated[slot]
         trunc = eng.truncated[slot]
@@ -182,12 +151,6 @@ class SubprocVecEnv(_Base):
     def step(self, actions: np.ndarray):
         self.step_async(actions)
         return self.step_wait()
-
-    def _drain(self) -> None:
-        if self.waiting:
-            self.waiting = False
-            self._engine.step_wait()
-            self._slot = self._next_slot
 
     # -------------------------------------------------------------- seeding
     def seed(self, seed: int | None = None) -> Sequence[int | None]:
@@ -211,29 +174,24 @@ class SubprocVecEnv(_Base):
 
     # -------------------------------------------------------------- env access
     def get_attr(self, attr_name: str, indices=None) -> list[Any]:
-        self._check_open()
-        self._drain()
+        self._idle()
         return self._engine.call("get_attr", attr_name, indices=indices)
 
     def has_attr(self, attr_name: str) -> bool:
-        self._check_open()
-        self._drain()
+        self._idle()
         return all(self._engine.call("has_attr", attr_name))
 
     def set_attr(self, attr_name: str, value: Any, indices=None) -> None:
-        self._check_open()
-        self._drain()
+        self._idle()
         n = len(self._engine.normalize_indices(indices))
         self._engine.call("set_attr", attr_name, indices=indices, values=[value] * n)
 
     def env_method(self, method_name: str, *method_args, indices=None, **method_kwargs) -> list[Any]:
-        self._check_open()
-        self._drain()
+        self._idle()
         return self._engine.call("env_method", method_name, method_args, method_kwargs, indices=indices)
 
     def env_is_wrapped(self, wrapper_class: type, indices=None) -> list[bool]:
-        self._check_open()
-        self._drain()
+        self._idle()
         n = len(self._engine.normalize_indices(indices))
         return self._engine.call("is_wrapped", None, indices=indices, values=[wrapper_class] * n)
 
@@ -247,13 +205,12 @@ class SubprocVecEnv(_Base):
 
     # -------------------------------------------------------------- rendering
     def get_images(self) -> Sequence[np.ndarray | None]:
-        self._check_open()
+        self._idle()
         if self.render_mode != "rgb_array":
             warnings.warn(
                 f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images."
             )
             return [None for _ in range(self.num_envs)]
-        self._drain()
         return self._engine.call("render", None)
 
     def render(self, mode: str | None = None) -> np.ndarray | None:
@@ -295,18 +252,7 @@ class SubprocVecEnv(_Base):
         if self.closed:
             return
         self.closed = True
-        self.waiting = False
-        self._engine.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __repr__(self) -> str:
-        return f"fastvec.SubprocVecEnv(num_envs={self.num_envs}, num_workers={self._engine.num_workers})"
+        self._close_door()
 
 
 def _batch_per_env_actions(space, actions, num_envs: int) -> dict | tuple:

@@ -13,8 +13,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from .door import EngineDoor
 from .engine import Engine
-from .errors import ClosedError
 from .infos import columns_to_vector_infos
 
 _MODES = {
@@ -32,7 +32,7 @@ def _check_seed(seed, where: str):
     return int(seed)
 
 
-class AsyncVectorEnv(VectorEnv):
+class AsyncVectorEnv(EngineDoor, VectorEnv):
     """Shared-memory multiprocess ``gymnasium.vector.VectorEnv``.
 
     Parameters
@@ -83,7 +83,7 @@ class AsyncVectorEnv(VectorEnv):
                 f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {autoreset_mode!r}"
             ) from None
         self.autoreset_mode = mode
-        self._engine = Engine(
+        engine = Engine(
             env_fns,
             num_workers=num_workers,
             num_slots=num_slots,
@@ -92,9 +92,9 @@ class AsyncVectorEnv(VectorEnv):
             step_timeout=step_timeout,
             restart_on_error=restart_on_error,
         )
-        eng = self._engine
+        self._open_door(engine, copy)
+        eng = engine
         self.env_fns = env_fns
-        self.copy = bool(copy)
         self.num_envs = eng.num_envs
         self.metadata = dict(eng.env_metadata)
         self.metadata["autoreset_mode"] = mode
@@ -104,24 +104,9 @@ class AsyncVectorEnv(VectorEnv):
         self.single_action_space = eng.single_action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self._slot = 0
-        self._next_slot = 0
-        self._waiting = False
         self.closed = False
 
     # -------------------------------------------------------------- properties
-    @property
-    def worker_pids(self) -> list[int]:
-        return self._engine.worker_pids
-
-    @property
-    def num_workers(self) -> int:
-        return self._engine.num_workers
-
-    @property
-    def engine(self) -> Engine:
-        return self._engine
-
     @property
     def np_random_seed(self) -> tuple[int, ...]:
         return self.get_attr("np_random_seed")
@@ -130,17 +115,9 @@ class AsyncVectorEnv(VectorEnv):
     def np_random(self) -> tuple[np.random.Generator, ...]:
         return self.get_attr("np_random")
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ClosedError("this AsyncVectorEnv is closed")
-
-    def _observation(self, slot: int):
-        return self._engine.observation(slot, self.copy)
-
     # -------------------------------------------------------------- reset / step
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
-        self._check_open()
-        self._drain()
+        self._idle()
         n = self.num_envs
         if seed is None:
             seeds = [None] * n
@@ -173,7 +150,7 @@ class AsyncVectorEnv(VectorEnv):
                     f"`options['reset_mask']` must contain a boolean array with at least one True value, got reset_mask={mask}"
                 )
         targets = range(n) if mask is None else np.flatnonzero(mask).tolist()
-        slot = (self._slot + 1) % self._engine.num_slots
+        slot = self._free_slot()
         if mask is not None and slot != self._slot:
             # Envs left alone keep their current observation in the new slot.
             keep = ~mask
@@ -187,21 +164,10 @@ class AsyncVectorEnv(VectorEnv):
         return self._observation(slot), infos
 
     def step_async(self, actions) -> None:
-        self._check_open()
-        if self._waiting:
-            raise RuntimeError("step_async() called twice without step_wait()")
-        slot = (self._slot + 1) % self._engine.num_slots
-        self._engine.step_async(actions, slot)
-        self._next_slot = slot
-        self._waiting = True
+        self._send_step(actions)
 
     def step_wait(self, timeout: float | None = ...):
-        self._check_open()
-        if not self._waiting:
-            raise RuntimeError("step_wait() called without step_async()")
-        self._waiting = False
-        columns, records = self._engine.step_wait_report(timeout)
-        slot = self._slot = self._next_slot
+        slot, columns, records = self._receive_step(timeout)
         eng = self._engine
         if columns is not None:
             infos = columns_to_vector_infos(columns, self.num_envs)
@@ -233,24 +199,16 @@ class AsyncVectorEnv(VectorEnv):
         self.step_async(actions)
         return self.step_wait()
 
-    def _drain(self) -> None:
-        if self._waiting:
-            self._waiting = False
-            self._engine.step_wait()
-            self._slot = self._next_slot
-
     # -------------------------------------------------------------- env access
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        self._check_open()
-        self._drain()
+        self._idle()
         return tuple(self._engine.call("call", name, args, kwargs))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         return self.call(name)
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
-        self._check_open()
-        self._drain()
+        self._idle()
         if not isinstance(values, (list, tuple)):
             values = [values for _ in range(self.num_envs)]
         if len(values) != self.num_envs:
@@ -261,25 +219,12 @@ class AsyncVectorEnv(VectorEnv):
         self._engine.call("set_wrapper_attr", name, values=list(values))
 
     def render(self) -> tuple | None:
-        self._check_open()
-        self._drain()
+        self._idle()
         return tuple(self._engine.call("render", None))
 
     def close_extras(self, **kwargs: Any) -> None:
-        self._waiting = False
-        if hasattr(self, "_engine"):
-            self._engine.close()
+        self._close_door()
 
     def __del__(self):
         # VectorEnv.__del__ would call close(); the engine has its own finalizer.
         pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self.close()
-        return False
-
-    def __repr__(self) -> str:
-        return f"fastvec.AsyncVectorEnv(num_envs={self.num_envs}, num_workers={self._engine.num_workers})"

@@ -1,0 +1,85 @@
+"""What both front doors share: the engine, the ring of result slots, open and closed.
+
+Each ``step``/``reset`` writes into the slot after the one last returned, so a view
+handed out earlier stays intact for ``num_slots - 1`` further calls.
+"""
+from __future__ import annotations
+
+from .engine import Engine
+from .errors import ClosedError
+
+
+class EngineDoor:
+    closed: bool
+    _engine: Engine
+
+    def _open_door(self, engine: Engine, copy: bool) -> None:
+        self._engine = engine
+        self.copy = bool(copy)
+        self._slot = 0  # the slot whose results were returned last
+        self._next_slot = 0  # the slot a step in flight writes
+        self.waiting = False
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return self._engine.worker_pids
+
+    @property
+    def num_workers(self) -> int:
+        return self._engine.num_workers
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedError(f"this {type(self).__name__} is closed")
+
+    def _free_slot(self) -> int:
+        return (self._slot + 1) % self._engine.num_slots
+
+    def _observation(self, slot: int):
+        return self._engine.observation(slot, self.copy)
+
+    def _send_step(self, actions) -> None:
+        self._check_open()
+        if self.waiting:
+            raise RuntimeError("step_async() called twice without step_wait()")
+        slot = self._free_slot()
+        self._engine.step_async(actions, slot)
+        self._next_slot = slot
+        self.waiting = True
+
+    def _receive_step(self, timeout=...):
+        """Wait for the step in flight: ``(slot, columns, records)``."""
+        self._check_open()
+        if not self.waiting:
+            raise RuntimeError("step_wait() called without step_async()")
+        self.waiting = False
+        columns, records = self._engine.step_wait_report(timeout)
+        self._slot = self._next_slot
+        return self._slot, columns, records
+
+    def _idle(self) -> None:
+        """Before any other command: open, and no step left in flight."""
+        self._check_open()
+        if self.waiting:
+            self.waiting = False
+            self._engine.step_wait()
+            self._slot = self._next_slot
+
+    def _close_door(self) -> None:
+        self.waiting = False
+        if hasattr(self, "_engine"):
+            self._engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        return f"fastvec.{type(self).__name__}(num_envs={self.num_envs}, num_workers={self._engine.num_workers})"
