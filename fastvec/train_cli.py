@@ -1,0 +1,173 @@
+"""``fastvec train`` and ``fastvec eval``.
+
+    fastvec train ENV_ID [--seed N] [--num-envs N] [--num-workers N] [--total-steps N]
+                  [--stop-at-return R] [--device auto|cpu|cuda] [--logdir DIR]
+                  [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
+    fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic]
+
+Both print one JSON object as the last line of stdout and exit 0 on success. Bad input
+(unknown env id, bad ``--set`` key or value, a checkpoint from another env, a missing
+checkpoint) gives a one-line ``fastvec train: error: ...`` on stderr and exit code 2; a
+failure while training (e.g. an env that raises) gives a one-line error and exit code 1.
+``FASTVEC_DEBUG=1`` shows the traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+__all__ = ["main", "build_config"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line (no usage dump) and exit 2."""
+
+    def error(self, message):  # noqa: D401
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fastvec train", description="Train PPO on a gymnasium env with fastvec.",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog="Hyperparameters: any field of fastvec.ppo.PPOConfig via --set key=value, "
+                       "e.g. --set lr=1e-3 --set n_steps=64 --set hidden=64,64. "
+                       "Run with --list-keys to see them with the env's preset values.")
+    p.add_argument("env_id", help="gymnasium env id, e.g. CartPole-v1, ALE/Pong-v5")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--num-envs", type=int, default=None)
+    p.add_argument("--num-workers", type=int, default=None)
+    p.add_argument("--total-steps", type=float, default=None, help="env steps (1e6 accepted)")
+    p.add_argument("--stop-at-return", type=float, default=None,
+                   help="stop once the mean return of the last 20 episodes reaches this")
+    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+    p.add_argument("--logdir", default=None, help="run directory (default: runs/ENV-seedN-TIME)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a hyperparameter (repeatable)")
+    p.add_argument("--zoo", action="store_true", help="use RL Zoo's hyperparameters where known (CartPole)")
+    p.add_argument("--init-from", default=None, metavar="CHECKPOINT",
+                   help="start from the weights of a checkpoint of the same env")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard event files")
+    p.add_argument("--list-keys", action="store_true", help="print the config for ENV_ID and exit")
+    return p
+
+
+def _eval_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fastvec eval", description="Evaluate a checkpoint written by `fastvec train`.")
+    p.add_argument("checkpoint", help="checkpoint.pt (or its run directory)")
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--env", default=None, help="check the checkpoint was trained on this env id")
+    p.add_argument("--stochastic", action="store_true", help="sample actions instead of the mode")
+    p.add_argument("--num-envs", type=int, default=None)
+    return p
+
+
+def build_config(env_id: str, args):
+    """Preset for ``env_id`` < command-line flags < ``--set`` overrides."""
+    from .ppo import ConfigError, PPOConfig, apply_overrides
+    from .presets import preset_for
+
+    cfg = PPOConfig()
+    apply_overrides(cfg, preset_for(env_id, zoo=getattr(args, "zoo", False)))
+    flags = {
+        "seed": args.seed, "num_envs": args.num_envs, "num_workers": args.num_workers,
+        "stop_at_return": args.stop_at_return, "device": args.device,
+    }
+    if args.total_steps is not None:
+        if not float(args.total_steps).is_integer() or args.total_steps < 1:
+            raise ConfigError(f"--total-steps must be a positive integer, got {args.total_steps:g}")
+        flags["total_steps"] = int(args.total_steps)
+    apply_overrides(cfg, {k: v for k, v in flags.items() if v is not None})
+    apply_overrides(cfg, args.overrides)
+    if cfg.num_workers is not None and cfg.num_envs is not None and cfg.num_workers > cfg.num_envs:
+        # a preset's worker count must not block a smaller --num-envs
+        if args.num_workers is None and not any(o.startswith("num_workers") for o in args.overrides):
+            cfg.num_workers = None
+    return cfg.validate()
+
+
+def _train(argv) -> int:
+    args = _train_parser().parse_args(argv)
+    from .ppo import ConfigError
+    from .presets import check_env_id
+
+    try:
+        check_env_id(args.env_id)
+        cfg = build_config(args.env_id, args)
+    except (ConfigError, ValueError) as exc:
+        return _fail("train", exc, 2)
+    if args.list_keys:
+        print(json.dumps(cfg.to_dict(), indent=1))
+        return 0
+    import torch  # noqa: F401  (imported before the clock starts)
+
+    from .monitor import default_run_dir
+    from .ppo import train
+
+    run_dir = args.logdir or default_run_dir(args.env_id, cfg.seed)
+    init = None
+    if args.init_from:
+        from .ppo import load_checkpoint
+
+        try:
+            init = load_checkpoint(args.init_from)
+            if init.get("env_id") not in (None, args.env_id):
+                raise ValueError(f"checkpoint {args.init_from} was trained on {init['env_id']}, "
+                                 f"not {args.env_id}")
+        except ValueError as exc:
+            return _fail("train", exc, 2)
+    try:
+        result = train(args.env_id, cfg, run_dir=run_dir, progress=not args.no_progress,
+                       tensorboard=not args.no_tensorboard, init_from=init)
+    except (ConfigError,) as exc:
+        return _fail("train", exc, 2)
+    except KeyboardInterrupt:
+        print("fastvec train: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # env failures (WorkerError), spaces the policy cannot handle
+        return _fail("train", exc, 1)
+    print(json.dumps(result))
+    return 0
+
+
+def _eval(argv) -> int:
+    args = _eval_parser().parse_args(argv)
+    if args.episodes < 1:
+        return _fail("eval", ValueError(f"--episodes must be positive, got {args.episodes}"), 2)
+    from .ppo import evaluate, load_checkpoint
+
+    try:
+        ckpt = load_checkpoint(args.checkpoint)
+    except ValueError as exc:
+        return _fail("eval", exc, 2)
+    try:
+        result = evaluate(ckpt, episodes=args.episodes, seed=args.seed,
+                          deterministic=not args.stochastic, env_id=args.env, num_envs=args.num_envs)
+    except ValueError as exc:
+        return _fail("eval", exc, 2)
+    except Exception as exc:
+        return _fail("eval", exc, 1)
+    print(json.dumps(result))
+    return 0
+
+
+def _fail(cmd: str, exc: BaseException, code: int) -> int:
+    if os.environ.get("FASTVEC_DEBUG"):
+        raise exc
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if code == 1:
+        msg = f"{type(exc).__name__}: {msg}"
+    print(f"fastvec {cmd}: error: {msg}", file=sys.stderr)
+    return code
+
+
+def main(name: str, argv: list[str]) -> int:
+    if name == "train":
+        return _train(argv)
+    if name == "eval":
+        return _eval(argv)
+    print(f"fastvec: unknown command {name!r}", file=sys.stderr)
+    return 2

@@ -1,0 +1,554 @@
+"""Tests for the PPO trainer: policies, GAE wiring, zero copy, learning, CLI, eval, CUDA."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from fastvec.policies import CategoricalDist, GaussianDist, make_policy
+from fastvec.ppo import (
+    PPO,
+    ConfigError,
+    EngineBackend,
+    PPOConfig,
+    apply_overrides,
+    load_checkpoint,
+    train,
+)
+from fastvec.presets import env_factory, preset_for
+from fastvec.train_cli import main as cli_main
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+# =============================================================================== policies
+def _act(policy, obs_np, act_shape, act_dtype=torch.int64, deterministic=False):
+    obs = torch.as_tensor(obs_np)
+    n = obs.shape[0]
+    out = torch.zeros((n, *act_shape), dtype=act_dtype)
+    noise = policy.dist.sample_noise(torch.empty(policy.dist.noise_shape(n)))
+    raw = torch.empty(n, policy.dist.dim) if isinstance(policy.dist, GaussianDist) else None
+    with torch.inference_mode():
+        policy.act_(obs, noise, out, raw, deterministic=deterministic)
+    return out, raw
+
+
+def test_policy_vector_obs_discrete_actions():
+    pol = make_policy(spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2))
+    assert pol.kind == "mlp" and not pol.values_at_act
+    assert isinstance(pol.dist, CategoricalDist) and pol.dist.k == 1
+    out, _ = _act(pol, np.random.randn(16, 4).astype(np.float32), ())
+    assert out.shape == (16,) and set(out.tolist()) <= {0, 1}
+    logp, ent, v = pol.evaluate(torch.randn(16, 4), out)
+    assert logp.shape == ent.shape == v.shape == (16,)
+    assert torch.all(logp <= 0) and torch.all(ent > 0)
+
+
+def test_policy_multidiscrete_masks_missing_choices():
+    space = spaces.MultiDiscrete([3, 5, 2])
+    pol = make_policy(spaces.Box(-1, 1, (3,), np.float32), space)
+    d = pol.dist
+    assert isinstance(d, CategoricalDist) and (d.k, d.max_n) == (3, 5)
+    out, _ = _act(pol, np.random.randn(500, 3).astype(np.float32), (3,))
+    a = out.numpy()
+    assert (a >= 0).all() and (a < np.array([3, 5, 2])).all()
+    assert len(np.unique(a[:, 1])) == 5
+    logp, ent, _ = pol.evaluate(torch.randn(500, 3), out)
+    assert torch.isfinite(logp).all() and torch.isfinite(ent).all()
+    # entropy of the uniform policy at init (head gain 0.01) ~ log 3 + log 5 + log 2
+    assert abs(float(ent.detach().mean()) - np.log(30)) < 0.05
+
+
+def test_policy_discrete_start_and_multibinary():
+    pol = make_policy(spaces.Box(-1, 1, (2,), np.float32), spaces.Discrete(3, start=-1))
+    out, _ = _act(pol, np.random.randn(300, 2).astype(np.float32), ())
+    assert set(out.tolist()) == {-1, 0, 1}
+    logp = pol.log_prob(torch.randn(300, 2), out)
+    assert torch.isfinite(logp).all()
+    pol = make_policy(spaces.Box(-1, 1, (2,), np.float32), spaces.MultiBinary(4))
+    out, _ = _act(pol, np.random.randn(100, 2).astype(np.float32), (4,), torch.int8)
+    assert set(np.unique(out.numpy()).tolist()) == {0, 1}
+
+
+def test_policy_box_actions_gaussian_clipped():
+    space = spaces.Box(-0.5, 0.5, (3,), np.float32)
+    pol = make_policy(spaces.Box(-np.inf, np.inf, (5,), np.float64), space, log_std_init=1.0)
+    assert isinstance(pol.dist, GaussianDist)
+    out, raw = _act(pol, np.random.randn(64, 5), (3,), torch.float32)
+    assert out.abs().max() <= 0.5 + 1e-6
+    assert raw.abs().max() > 0.5  # std e^1: the raw sample leaves the box, the env gets it clipped
+    assert torch.equal(out, raw.clamp(-0.5, 0.5))
+    logp, ent, _ = pol.evaluate(torch.randn(64, 5, dtype=torch.float64), raw)
+    ref = torch.distributions.Normal(pol.actor_params(torch.randn(64, 5, dtype=torch.float64)), 1.0)
+    assert logp.shape == (64,) and ent.shape == (64,)
+    assert torch.allclose(ent, torch.full((64,), float(ref.entropy()[0].sum() + 3.0)), atol=1e-5)
+
+
+def test_gaussian_log_prob_matches_torch_distributions():
+    pol = make_policy(spaces.Box(-1, 1, (4,), np.float32), spaces.Box(-1, 1, (2,), np.float32), log_std_init=-0.3)
+    obs = torch.randn(10, 4)
+    raw = torch.randn(10, 2)
+    mean = pol.actor_params(obs)
+    ref = torch.distributions.Normal(mean, pol.dist.log_std.exp()).log_prob(raw).sum(-1)
+    assert torch.allclose(pol.log_prob(obs, raw), ref, atol=1e-5)
+
+
+def test_policy_images_get_the_nature_cnn():
+    pol = make_policy(spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(6))
+    assert pol.kind == "cnn" and pol.values_at_act
+    obs = torch.randint(0, 255, (3, 4, 84, 84), dtype=torch.uint8)
+    logp_out, v_out = torch.empty(3), torch.empty(3)
+    act = torch.empty(3, dtype=torch.int64)
+    noise = pol.dist.sample_noise(torch.empty(pol.dist.noise_shape(3)))
+    with torch.inference_mode():
+        pol.act_(obs, noise, act, None, logp_out, v_out)
+    logp, _, v = pol.evaluate(obs, act)
+    assert torch.allclose(logp, logp_out, atol=1e-5) and torch.allclose(v, v_out, atol=1e-5)
+    hwc = make_policy(spaces.Box(0, 255, (84, 84, 3), np.uint8), spaces.Discrete(4))
+    assert hwc.kind == "cnn" and hwc.hwc
+    assert hwc.value(torch.zeros(2, 84, 84, 3, dtype=torch.uint8)).shape == (2,)
+    # small uint8 boxes are not images
+    assert make_policy(spaces.Box(0, 255, (4, 8, 8), np.uint8), spaces.Discrete(2)).kind == "mlp"
+
+
+def test_policy_discrete_obs_one_hot_and_unsupported_spaces():
+    pol = make_policy(spaces.Discrete(5), spaces.Discrete(2))
+    assert pol.value(torch.tensor([0, 4, 2])).shape == (3,)
+    with pytest.raises(ValueError, match="Dict"):
+        make_policy(spaces.Dict({"a": spaces.Box(-1, 1, (2,))}), spaces.Discrete(2))
+    with pytest.raises(ValueError, match="Text|support"):
+        make_policy(spaces.Box(-1, 1, (2,)), spaces.Text(5))
+
+
+# =============================================================================== config
+def test_overrides_parse_types_and_reject_bad_input():
+    cfg = apply_overrides(PPOConfig(), ["lr=1e-3", "n_steps=64", "hidden=32,16", "anneal_lr=false",
+                                        "target_kl=none", "clip_vf=0.2", "num_workers=none", "total_steps=1e5"])
+    assert cfg.lr == 1e-3 and cfg.n_steps == 64 and cfg.hidden == (32, 16) and cfg.anneal_lr is False
+    assert cfg.target_kl is None and cfg.clip_vf == 0.2 and cfg.num_workers is None and cfg.total_steps == 100000
+    with pytest.raises(ConfigError, match="unknown --set key 'learning_rate'"):
+        apply_overrides(PPOConfig(), ["learning_rate=1"])
+    with pytest.raises(ConfigError, match="bad value for n_steps"):
+        apply_overrides(PPOConfig(), ["n_steps=abc"])
+    with pytest.raises(ConfigError, match="bad value for n_steps"):
+        apply_overrides(PPOConfig(), ["n_steps=1.5"])
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_overrides(PPOConfig(), ["lr"])
+    with pytest.raises(ConfigError, match="gamma"):
+        apply_overrides(PPOConfig(), ["gamma=2"]).validate()
+    with pytest.raises(ConfigError, match="n_steps"):
+        apply_overrides(PPOConfig(), ["n_steps=0"]).validate()
+
+
+# =============================================================================== GAE wiring
+class _FakeBackend:
+    """Hand-made rollout buffers with the engine's layout (no env behind them)."""
+
+    kind = "fake"
+    worker_pids: list = []
+    num_workers = 0
+
+    def __init__(self, T, N, obs_dim=3):
+        self.num_envs = N
+        self.single_observation_space = spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
+        self.single_action_space = spaces.Discrete(2)
+        S = T + 1
+        rng = np.random.default_rng(0)
+        self.obs = rng.normal(size=(S, N, obs_dim)).astype(np.float32)
+        self.final_obs = (100.0 + rng.normal(size=(S, N, obs_dim))).astype(np.float32)
+        self.act = np.zeros((S, N), np.int64)
+        self.rewards = rng.normal(size=(S, N))
+        self.terminated = np.zeros((S, N), bool)
+        self.truncated = np.zeros((S, N), bool)
+
+    def arrays(self):
+        return []
+
+    def reset(self, seed):
+        pass
+
+    def step(self, slot):
+        pass
+
+    def close(self):
+        pass
+
+
+def _reference_gae(rewards, values, next_values, term, trunc, gamma, lam):
+    """The recursion written out plainly in float64."""
+    T, N = rewards.shape
+    adv = np.zeros((T, N))
+    nxt = np.zeros(N)
+    for t in reversed(range(T)):
+        for n in range(N):
+            delta = rewards[t, n] + gamma * (0.0 if term[t, n] else next_values[t, n]) - values[t, n]
+            cont = 0.0 if (term[t, n] or trunc[t, n]) else 1.0
+            adv[t, n] = delta + gamma * lam * cont * nxt[n]
+        nxt = adv[t].copy()
+    return adv, adv + values
+
+
+def test_gae_wiring_bootstraps_truncation_from_final_obs():
+    T, N = 6, 3
+    b = _FakeBackend(T, N)
+    # step t's flags live in slot t+1
+    b.terminated[2, 0] = True           # env 0 terminates at step 1
+    b.truncated[4, 1] = True            # env 1 is truncated at step 3 -> bootstrap V(final)
+    b.truncated[6, 2] = True            # env 2 truncated at the last step
+    b.terminated[3, 2] = b.truncated[3, 2] = True  # both flags: no bootstrap
+    cfg = PPOConfig(num_envs=N, n_steps=T, gamma=0.9, gae_lambda=0.8, device="cpu")
+    ppo = PPO(cfg, b, torch.device("cpu"))
+    # A value function we can write down: V(obs) = obs[0]
+    lin = torch.nn.Linear(3, 1)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, 0.0, 0.0]]))
+        lin.bias.zero_()
+    ppo.policy.critic = torch.nn.Sequential(lin)
+    ppo.prepare()
+
+    obs0 = b.obs[..., 0].astype(np.float64)
+    final0 = b.final_obs[..., 0].astype(np.float64)
+    values = obs0[:T]
+    term, trunc = b.terminated[1:], b.truncated[1:]
+    next_values = obs0[1:].copy()
+    boot = trunc & ~term
+    next_values[boot] = final0[1:][boot]
+    adv_ref, ret_ref = _reference_gae(b.rewards[1:], values, next_values, term, trunc, 0.9, 0.8)
+    ro = ppo.rollout
+    np.testing.assert_allclose(ro.adv_np, adv_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ro.ret_np, ret_ref, rtol=1e-5, atol=1e-5)
+    # the bootstrap used the final observation (~100), not the reset observation
+    assert abs(ro.next_values_np[3, 1] - final0[4, 1]) < 1e-4
+    assert abs(ro.next_values_np[5, 2] - final0[6, 2]) < 1e-4
+
+
+def test_gae_wiring_on_the_engine_with_time_limits():
+    """Real engine, CartPole truncated after 7 steps: targets match a float64 reference
+    built from the engine's own buffers."""
+    T, N = 16, 4
+    cfg = PPOConfig(num_envs=N, n_steps=T, num_workers=1, gamma=0.97, gae_lambda=0.9, device="cpu")
+    backend = EngineBackend([env_factory("CartPole-v1", {"max_episode_steps": 7})] * N, T + 1, 1, "fork")
+    try:
+        ppo = PPO(cfg, backend, torch.device("cpu"))
+        backend.reset(0)
+        ppo.collect()
+        ppo.prepare()
+        assert backend.truncated[1:].any() and backend.terminated[1:].sum() >= 0
+        crit = ppo.policy.critic.double()
+        with torch.no_grad():
+            V = lambda x: crit(torch.from_numpy(np.asarray(x, np.float64))).squeeze(-1).numpy()  # noqa: E731
+            values = V(backend.obs[:T].reshape(-1, 4)).reshape(T, N)
+            nv = V(backend.obs[1:].reshape(-1, 4)).reshape(T, N)
+            fv = V(backend.final_obs[1:].reshape(-1, 4)).reshape(T, N)
+        term, trunc = backend.terminated[1:], backend.truncated[1:]
+        nv = np.where(trunc & ~term, fv, nv)
+        adv_ref, ret_ref = _reference_gae(backend.rewards[1:], values, nv, term, trunc, 0.97, 0.9)
+        np.testing.assert_allclose(ppo.rollout.adv_np, adv_ref, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(ppo.rollout.ret_np, ret_ref, rtol=1e-4, atol=1e-4)
+    finally:
+        backend.close()
+
+
+# =============================================================================== zero copy
+def test_rollout_tensors_share_memory_with_the_engine():
+    T, N = 8, 4
+    cfg = PPOConfig(num_envs=N, n_steps=T, num_workers=2, device="cpu")
+    backend = EngineBackend([env_factory("CartPole-v1")] * N, T + 1, 2, "fork")
+    try:
+        eng = backend.engine
+        ppo = PPO(cfg, backend, torch.device("cpu"))
+        ro = ppo.rollout
+        assert eng.num_slots == T + 1 and eng.autoreset_mode == "same_step"
+        assert ro.obs.data_ptr() == eng.obs_bufs[0].ctypes.data
+        assert ro.final_obs.data_ptr() == eng.final_bufs[0].ctypes.data
+        assert ro.act.data_ptr() == eng.act_bufs[0].ctypes.data
+        assert ro.rewards.data_ptr() == eng.rewards.ctypes.data
+        assert ro.terminated.data_ptr() == eng.terminated.ctypes.data
+        assert ro.truncated.data_ptr() == eng.truncated.ctypes.data
+        # what the learner trains on are views too
+        assert ro.batch_obs().data_ptr() == eng.obs_bufs[0].ctypes.data
+        assert ro.batch_actions().data_ptr() == eng.act_bufs[0][1].ctypes.data
+        backend.reset(0)
+        ppo.collect()
+        # the actions the envs got are the ones the learner sees
+        assert np.array_equal(ro.batch_actions().numpy(), eng.act_bufs[0][1:].reshape(-1))
+        assert np.array_equal(ro.batch_obs().numpy(), eng.obs_bufs[0][:T].reshape(T * N, 4))
+    finally:
+        backend.close()
+
+
+def test_same_trajectories_on_gymnasium_vector_env():
+    """Same seed, same trainer: fastvec's engine and SyncVectorEnv see identical data."""
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    cfg = apply_overrides(PPOConfig(), preset_for("CartPole-v1"))
+    apply_overrides(cfg, ["total_steps=3000", "seed=3", "device=cpu"])
+    a = train("CartPole-v1", cfg, progress=False)
+    venv = SyncVectorEnv([env_factory("CartPole-v1")] * cfg.num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
+    try:
+        b = train(None, cfg, venv=venv, progress=False)
+    finally:
+        venv.close()
+    assert b["backend"] == "gymnasium" and a["backend"] == "fastvec"
+    assert a["env_steps"] == b["env_steps"] and a["episodes"] == b["episodes"]
+    assert a["final_mean_return"] == pytest.approx(b["final_mean_return"])
+
+
+def test_gymnasium_vector_env_needs_same_step_autoreset():
+    from gymnasium.vector import SyncVectorEnv
+
+    venv = SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
+    try:
+        with pytest.raises(ValueError, match="SAME_STEP"):
+            train(None, PPOConfig(num_envs=2, n_steps=4, total_steps=8, device="cpu"), venv=venv, progress=False)
+    finally:
+        venv.close()
+
+
+# =============================================================================== learning
+def test_cartpole_learns():
+    """Seed 0, CartPole preset: the mean return of the last 20 episodes passes 150
+    within 40k steps (typically ~15k steps, a few seconds)."""
+    cfg = apply_overrides(PPOConfig(), preset_for("CartPole-v1"))
+    apply_overrides(cfg, ["seed=0", "total_steps=40000", "stop_at_return=150", "device=cpu"])
+    res = train("CartPole-v1", cfg, progress=False)
+    assert res["solved"], res
+    assert res["final_mean_return"] >= 150
+    assert res["env_steps"] <= 40000
+
+
+def test_run_directory_contents_and_eval(tmp_path):
+    run = tmp_path / "run"
+    code = cli_main("train", ["CartPole-v1", "--total-steps", "4096", "--logdir", str(run), "--no-progress",
+                              "--seed", "1", "--set", "log_every_s=0.01"])
+    assert code == 0
+    files = os.listdir(run)
+    assert any(f.startswith("events.out.tfevents") for f in files)
+    assert {"metrics.jsonl", "learning_curve.png", "checkpoint.pt", "result.json"} <= set(files)
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    keys = set().union(*rows)
+    for k in ("charts/env_sps", "charts/learner_sps", "losses/approx_kl", "losses/clip_fraction",
+              "losses/explained_variance", "health/workers_alive", "health/step_latency_us",
+              "health/main_rss_mb", "charts/mean_episode_length"):
+        assert k in keys, k
+    ckpt = load_checkpoint(str(run / "checkpoint.pt"))
+    assert ckpt["env_id"] == "CartPole-v1" and ckpt["action_space"] == spaces.Discrete(2)
+    assert "state_dict" in ckpt and ckpt["config"]["seed"] == 1
+    assert cli_main("eval", [str(run / "checkpoint.pt"), "--episodes", "3", "--seed", "0"]) == 0
+
+
+def test_eval_reports_mean_return(tmp_path, capsys):
+    run = tmp_path / "r"
+    assert cli_main("train", ["CartPole-v1", "--total-steps", "2048", "--logdir", str(run), "--no-progress",
+                              "--no-tensorboard"]) == 0
+    capsys.readouterr()
+    assert cli_main("eval", [str(run), "--episodes", "4"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    res = json.loads(out)
+    assert res["episodes"] == 4 and res["env_id"] == "CartPole-v1"
+    assert 8 <= res["mean_return"] <= 500
+
+
+# =============================================================================== CLI errors
+def _one_line_error(capsys, code, expect):
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    assert expect in err, err
+
+
+def test_cli_unknown_env(capsys):
+    _one_line_error(capsys, cli_main("train", ["NoSuchEnv-v0"]), "unknown env id")
+
+
+def test_cli_bad_set_key_and_value(capsys):
+    _one_line_error(capsys, cli_main("train", ["CartPole-v1", "--set", "bogus=1"]), "unknown --set key 'bogus'")
+    _one_line_error(capsys, cli_main("train", ["CartPole-v1", "--set", "lr=fast"]), "bad value for lr")
+    _one_line_error(capsys, cli_main("train", ["CartPole-v1", "--set", "gamma=1.5"]), "gamma")
+    _one_line_error(capsys, cli_main("train", ["CartPole-v1", "--set", "noequals"]), "key=value")
+    _one_line_error(capsys, cli_main("train", ["CartPole-v1", "--num-envs", "0"]), "num_envs")
+
+
+def test_cli_checkpoint_errors(tmp_path, capsys):
+    _one_line_error(capsys, cli_main("eval", [str(tmp_path / "missing.pt")]), "checkpoint not found")
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    _one_line_error(capsys, cli_main("eval", [str(junk)]), "not")
+    torch.save({"hello": 1}, tmp_path / "other.pt")
+    _one_line_error(capsys, cli_main("eval", [str(tmp_path / "other.pt")]), "not a fastvec PPO checkpoint")
+    run = tmp_path / "run"
+    assert cli_main("train", ["CartPole-v1", "--total-steps", "512", "--logdir", str(run), "--no-progress",
+                              "--no-tensorboard"]) == 0
+    capsys.readouterr()
+    ck = str(run / "checkpoint.pt")
+    _one_line_error(capsys, cli_main("eval", [ck, "--env", "Acrobot-v1"]), "trained on CartPole-v1, not Acrobot-v1")
+    _one_line_error(capsys, cli_main("train", ["Acrobot-v1", "--init-from", ck, "--no-progress"]),
+                    "trained on CartPole-v1")
+
+
+def test_cli_end_to_end_subprocess(tmp_path):
+    """The real `fastvec` command: JSON last line on success, one-line errors otherwise."""
+    exe = [sys.executable, "-m", "fastvec"]
+    out = subprocess.run(exe + ["train", "CartPole-v1", "--total-steps", "1024", "--logdir", str(tmp_path / "r"),
+                                "--no-tensorboard"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    for k in ("solved", "env_steps", "wall_seconds", "final_mean_return", "sps"):
+        assert k in res
+    assert res["env_steps"] >= 1024
+    bad = subprocess.run(exe + ["train", "Nope-v9"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+# =============================================================================== presets
+def test_presets_exist_and_validate():
+    for env_id in ("CartPole-v1", "Acrobot-v1", "InvertedPendulum-v5", "HalfCheetah-v5", "ALE/Pong-v5"):
+        cfg = apply_overrides(PPOConfig(), preset_for(env_id)).validate()
+        assert cfg.num_envs >= 1
+    assert preset_for("ALE/Breakout-v5")["n_steps"] == 128  # Atari defaults for other ALE ids
+
+
+def test_pong_env_factory_stacks_frames():
+    pytest.importorskip("ale_py")
+    try:
+        env = env_factory("ALE/Pong-v5")()
+    except Exception as exc:  # ROMs missing
+        pytest.skip(f"ALE Pong unavailable: {exc}")
+    try:
+        assert env.observation_space.shape == (4, 84, 84) and env.observation_space.dtype == np.uint8
+        assert env.unwrapped._frameskip == 1
+        pol = make_policy(env.observation_space, env.action_space)
+        assert pol.kind == "cnn"
+    finally:
+        env.close()
+
+
+def test_continuous_control_short_run():
+    pytest.importorskip("mujoco")
+    cfg = apply_overrides(PPOConfig(), preset_for("InvertedPendulum-v5"))
+    apply_overrides(cfg, ["total_steps=2048", "num_envs=4", "n_steps=64", "device=cpu"])
+    res = train("InvertedPendulum-v5", cfg, progress=False)
+    assert res["env_steps"] >= 2048 and res["policy"].startswith("mlp+gaussian")
+
+
+# =============================================================================== CUDA
+@cuda
+def test_cuda_pins_engine_buffers_and_trains():
+    from fastvec.ppo import HostPin
+
+    T, N = 8, 4
+    backend = EngineBackend([env_factory("CartPole-v1")] * N, T + 1, 1, "fork")
+    pin = HostPin(backend.arrays())
+    try:
+        assert pin.pinned
+        for arr in backend.arrays():
+            assert torch.from_numpy(arr).is_pinned()
+        cfg = PPOConfig(num_envs=N, n_steps=T, device="cuda")
+        ppo = PPO(cfg, backend, torch.device("cuda"))
+        backend.reset(0)
+        for _ in range(3):
+            ppo.collect()
+            ppo.prepare()
+            ppo.update()
+        ro = ppo.rollout
+        assert ro.obs_dev.is_cuda and ro.adv.is_cuda
+        # device copies hold exactly what the engine wrote
+        assert torch.equal(ro.obs_dev[1:].cpu(), ro.obs[1:])
+        assert torch.equal(ro.act_dev[1:].cpu(), ro.act[1:])
+        np.testing.assert_allclose(ro.adv.cpu().numpy(), ro.adv_np)
+    finally:
+        pin.release()
+        backend.close()
+    assert not pin.pinned
+
+
+@cuda
+def test_cuda_training_cartpole_and_gaussian():
+    cfg = apply_overrides(PPOConfig(), preset_for("CartPole-v1"))
+    apply_overrides(cfg, ["total_steps=30000", "stop_at_return=150", "device=cuda"])
+    res = train("CartPole-v1", cfg, progress=False)
+    assert res["device"].startswith("cuda") and res["solved"]
+    pytest.importorskip("mujoco")
+    cfg = apply_overrides(PPOConfig(), preset_for("InvertedPendulum-v5"))
+    apply_overrides(cfg, ["total_steps=2048", "device=cuda"])
+    res = train("InvertedPendulum-v5", cfg, progress=False)
+    assert res["env_steps"] >= 2048
+
+
+@cuda
+def test_cuda_cnn_acting_matches_cpu_shapes():
+    pol = make_policy(spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(6)).cuda()
+    obs = torch.randint(0, 255, (8, 4, 84, 84), dtype=torch.uint8, device="cuda")
+    act = torch.empty(8, dtype=torch.int64, device="cuda")
+    logp, v = torch.empty(8, device="cuda"), torch.empty(8, device="cuda")
+    noise = pol.dist.sample_noise(torch.empty(pol.dist.noise_shape(8), device="cuda"))
+    with torch.inference_mode():
+        pol.act_(obs, noise, act, None, logp, v)
+    lp2, _, v2 = pol.evaluate(obs, act)
+    assert torch.allclose(lp2, logp, atol=1e-4) and torch.allclose(v2, v, atol=1e-4)
+
+
+def test_same_trajectories_on_sb3_vec_env():
+    """SB3's VecEnv API (terminal_observation / TimeLimit.truncated in the infos)."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    cfg = apply_overrides(PPOConfig(), preset_for("CartPole-v1"))
+    apply_overrides(cfg, ["total_steps=3000", "seed=5", "device=cpu",
+                          "num_envs=4"])
+    fn = env_factory("CartPole-v1", {"max_episode_steps": 60})  # truncations happen
+    a = train("CartPole-v1", cfg, env_kwargs={"max_episode_steps": 60}, progress=False)
+    venv = DummyVecEnv([fn] * cfg.num_envs)
+    try:
+        b = train(None, cfg, venv=venv, progress=False)
+    finally:
+        venv.close()
+    assert b["backend"] == "subproc"
+    assert a["episodes"] == b["episodes"]
+    assert a["final_mean_return"] == pytest.approx(b["final_mean_return"])
+
+
+def test_vec_env_without_final_observations_is_refused():
+    pytest.importorskip("fastvec.bench.baselines_subproc")
+    from fastvec.bench.baselines_subproc import SubprocVecEnv
+
+    venv = SubprocVecEnv([env_factory("CartPole-v1", {"max_episode_steps": 5})] * 2, context="fork")
+    try:
+        with pytest.raises(ValueError, match="final observation"):
+            train(None, PPOConfig(num_envs=2, n_steps=8, total_steps=64, device="cpu"), venv=venv,
+                  progress=False)
+    finally:
+        venv.close()
+
+
+def test_flat_adam_matches_torch_adam():
+    from fastvec.ppo import FlatAdam, flatten_parameters
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    ref = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    ref.load_state_dict(net.state_dict())
+    flat, grad = flatten_parameters(net)
+    opt = FlatAdam(flat, lr=1e-2, eps=1e-5)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2, eps=1e-5)
+    for _ in range(5):
+        x = torch.randn(7, 3)
+        grad.zero_()
+        net(x).square().sum().backward()
+        opt.step()
+        ref_opt.zero_grad()
+        ref(x).square().sum().backward()
+        ref_opt.step()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+    # the module's parameters are views into the flat tensor
+    assert net[0].weight.data_ptr() == flat.data_ptr()
