@@ -3,7 +3,8 @@
 Most envs return the same flat dict of numbers every step (MuJoCo's ``x_position``,
 ALE's ``lives``). Pickling those dicts one numpy scalar at a time costs more than the
 step of a cheap env, so a worker sends them as *columns*: per key, the value type, the
-local env indices and one array of values. Columns rebuild exactly the per-env dicts
+local env indices and the values as plain Python numbers (exact for every numpy float
+and integer type, and far cheaper to pickle than numpy scalars or small arrays). Columns rebuild exactly the per-env dicts
 (same keys, values and types) and give gymnasium's merged infos without a per-env loop.
 Anything else (nested dicts, arrays, strings, mixed types, episode ends that carry a
 reset info) travels as plain records ``(local_index, step_info, reset_info)``.
@@ -22,6 +23,17 @@ def _scalar_kind(value):
     return None
 
 
+def _plain(kind):
+    """How a value of ``kind`` becomes a plain Python number without loss."""
+    if kind in _SCALARS:
+        return None
+    if issubclass(kind, np.floating) and np.finfo(kind).bits <= 64:
+        return float
+    if issubclass(kind, np.integer):
+        return int
+    return False  # complex, longdouble, ...: not sent as columns
+
+
 def encode_columns(records: list) -> dict | None:
     """``{key: (kind, indices, values)}`` for records that are all ``(j, flat info, None)``
     with one scalar type per key, else None."""
@@ -30,57 +42,47 @@ def encode_columns(records: list) -> dict | None:
         if reset_info is not None or info is None:
             return None
         for key, value in info.items():
-            kind = _scalar_kind(value)
-            if kind is None:
-                return None
+            kind = type(value)
             col = columns.get(key)
             if col is None:
-                columns[key] = (kind, [j], [value])
+                if not (kind in _SCALARS or issubclass(kind, np.number)):
+                    return None
+                plain = _plain(kind)
+                if plain is False:
+                    return None
+                columns[key] = col = (kind, plain, [], [])
             elif col[0] is not kind:
                 return None
-            else:
-                col[1].append(j)
-                col[2].append(value)
-    out = {}
-    try:
-        for key, (kind, idx, values) in columns.items():
-            # np.array(int) would silently make Python ints beyond int64 objects: refuse.
-            arr = np.array(values, dtype=kind)
-            if arr.dtype == object:
-                return None
-            out[key] = (kind, np.array(idx, dtype=np.intp), arr)
-    except (OverflowError, TypeError, ValueError):
-        return None
-    return out
+            col[2].append(j)
+            col[3].append(value if col[1] is None else col[1](value))
+    for kind, _plain_fn, _idx, values in columns.values():
+        if kind is int and any(not -(2**63) <= v < 2**63 for v in values):
+            return None  # gymnasium would fail on these too, with its own message
+    return {key: (kind, idx, values) for key, (kind, _p, idx, values) in columns.items()}
 
 
-def merge_columns(parts: list[tuple[int, dict]]) -> dict:
+def merge_columns(parts: list[tuple[int, dict]]) -> dict | None:
     """Join workers' columns ``[(env_offset, columns), ...]`` into global ones, keeping
-    keys in order of first appearance."""
+    keys in order of first appearance; None if a key has two types across workers."""
     merged: dict = {}
     for offset, cols in parts:
         for key, (kind, idx, values) in cols.items():
             col = merged.get(key)
             if col is None:
-                merged[key] = (kind, [idx + offset], [values])
+                merged[key] = col = (kind, [], [])
             elif col[0] is not kind:
-                return None  # one key, two types across workers: use records
-            else:
-                col[1].append(idx + offset)
-                col[2].append(values)
-    return {
-        key: (kind, np.concatenate(idx), np.concatenate(values))
-        for key, (kind, idx, values) in merged.items()
-    }
+                return None
+            col[1].extend(i + offset for i in idx)
+            col[2].extend(values)
+    return merged
 
 
 def columns_to_records(columns: dict) -> list:
     """Per-env ``(env_index, info, None)`` records, in env order, exact values and types."""
     per_env: dict[int, dict] = {}
     for key, (kind, idx, values) in columns.items():
-        python_kind = kind in _SCALARS
-        for i, value in zip(idx.tolist(), values.tolist() if python_kind else values):
-            per_env.setdefault(i, {})[key] = kind(value) if python_kind else value
+        for i, value in zip(idx, values):
+            per_env.setdefault(i, {})[key] = kind(value)
     return [(i, per_env[i], None) for i in sorted(per_env)]
 
 

@@ -61,6 +61,8 @@ class SubprocVecEnv(EngineDoor, _Base):
         Replace a worker that died, hung or whose env raised in ``step``; its envs are
         reset and report ``done`` with ``info["fastvec_restarted"] = True`` (a
         ``RuntimeWarning`` says which), so a long job survives a flaky env.
+    spin_us, main_spin_us : float, optional
+        Tuning of the wake-ups (see ``fastvec.Engine``).
     """
 
     def __init__(
@@ -73,6 +75,8 @@ class SubprocVecEnv(EngineDoor, _Base):
         num_slots: int = 2,
         step_timeout: float | None = None,
         restart_on_error: bool = False,
+        spin_us: float | None = None,
+        main_spin_us: float | None = None,
     ):
         self.closed = True
         self.waiting = False
@@ -84,6 +88,8 @@ class SubprocVecEnv(EngineDoor, _Base):
             context=start_method,
             step_timeout=step_timeout,
             restart_on_error=restart_on_error,
+            spin_us=spin_us,
+            main_spin_us=main_spin_us,
         )
         self._open_door(engine, copy)
         eng = engine

@@ -61,6 +61,8 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         Replace a worker that died, hung or whose env raised in ``step``; its envs are
         reset and report ``truncated`` with ``info["fastvec_restarted"] = True`` (a
         ``RuntimeWarning`` says which), so a long job survives a flaky env.
+    spin_us, main_spin_us : float, optional
+        Tuning of the wake-ups (see ``fastvec.Engine``).
     """
 
     def __init__(
@@ -74,6 +76,8 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         context: str | None = None,
         num_slots: int = 2,
         restart_on_error: bool = False,
+        spin_us: float | None = None,
+        main_spin_us: float | None = None,
     ):
         self.closed = True
         try:
@@ -91,6 +95,8 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
             context=context,
             step_timeout=step_timeout,
             restart_on_error=restart_on_error,
+            spin_us=spin_us,
+            main_spin_us=main_spin_us,
         )
         self._open_door(engine, copy)
         eng = engine
