@@ -397,14 +397,15 @@ def test_cli_checkpoint_errors(tmp_path, capsys):
 def test_cli_end_to_end_subprocess(tmp_path):
     """The real `fastvec` command: JSON last line on success, one-line errors otherwise."""
     exe = [sys.executable, "-m", "fastvec"]
+    # cwd: outside the source tree, so `-m fastvec` finds the installed package
     out = subprocess.run(exe + ["train", "CartPole-v1", "--total-steps", "1024", "--logdir", str(tmp_path / "r"),
-                                "--no-tensorboard"], capture_output=True, text=True, timeout=300)
+                                "--no-tensorboard"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     for k in ("solved", "env_steps", "wall_seconds", "final_mean_return", "sps"):
         assert k in res
     assert res["env_steps"] >= 1024
-    bad = subprocess.run(exe + ["train", "Nope-v9"], capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(exe + ["train", "Nope-v9"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
 
