@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import multiprocessing as mp
 import os
 import statistics
 import subprocess
@@ -54,6 +53,8 @@ import sys
 import time
 
 import numpy as np
+
+from fastvec.bench.baselines_subproc import SubprocVecEnv as PipeSubprocVecEnv
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -144,7 +145,7 @@ def child_fastvec(env_id: str, seed: int, overrides: list, threshold: float | No
 
         venv = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
     elif venv_kind == "subproc":
-        venv = PipeSubprocVecEnv(fns, context="fork")
+        venv = PipeSubprocVecEnv(fns, context="fork", terminal_observation=True)
     else:
         raise ValueError(venv_kind)
     startup = time.perf_counter() - t0
@@ -226,86 +227,6 @@ def child_pong(num_envs: int, num_workers: int | None, steps: int, train_rollout
 
 
 # ========================================================= a classic one-Pipe-per-env SubprocVecEnv
-def _pipe_worker(remote, parent_remote, fn_blob):
-    import cloudpickle
-
-    parent_remote.close()
-    env = cloudpickle.loads(fn_blob)()
-    try:
-        while True:
-            cmd, data = remote.recv()
-            if cmd == "step":
-                ob, reward, terminated, truncated, info = env.step(data)
-                if terminated or truncated:
-                    info = dict(info)
-                    info["terminal_observation"] = ob
-                    ob, _ = env.reset()
-                remote.send((ob, reward, terminated, truncated, info))
-            elif cmd == "reset":
-                remote.send(env.reset(seed=data))
-            elif cmd == "spaces":
-                remote.send((env.observation_space, env.action_space))
-            elif cmd == "close":
-                break
-    except (EOFError, KeyboardInterrupt):
-        pass
-    finally:
-        env.close()
-        remote.close()
-
-
-class PipeSubprocVecEnv:
-    """OpenAI baselines' ``SubprocVecEnv`` (one process and one Pipe per env, pickled
-    messages, reset inside the worker) with gymnasium's 5-tuple and the final
-    observation in ``info["terminal_observation"]`` (as later baselines and SB3 do), so
-    truncated episodes can be bootstrapped like on the other transports."""
-
-    def __init__(self, env_fns, context="fork"):
-        import cloudpickle
-
-        ctx = mp.get_context(context)
-        self.num_envs = len(env_fns)
-        self.remotes, work = zip(*[ctx.Pipe() for _ in env_fns])
-        self.ps = [ctx.Process(target=_pipe_worker, args=(w, r, cloudpickle.dumps(fn)), daemon=True)
-                   for w, r, fn in zip(work, self.remotes, env_fns)]
-        for p in self.ps:
-            p.start()
-        for w in work:
-            w.close()
-        self.remotes[0].send(("spaces", None))
-        self.observation_space, self.action_space = self.remotes[0].recv()
-
-    def step_async(self, actions):
-        for r, a in zip(self.remotes, actions):
-            r.send(("step", a))
-
-    def step_wait(self):
-        obs, rews, terms, truncs, infos = zip(*[r.recv() for r in self.remotes])
-        return np.stack(obs), np.array(rews), np.array(terms), np.array(truncs), infos
-
-    def step(self, actions):
-        self.step_async(actions)
-        return self.step_wait()
-
-    def reset(self, seed=None):
-        for i, r in enumerate(self.remotes):
-            r.send(("reset", None if seed is None else seed + i))
-        obs, infos = zip(*[r.recv() for r in self.remotes])
-        return np.stack(obs), infos
-
-    def close(self):
-        for r in self.remotes:
-            try:
-                r.send(("close", None))
-            except OSError:
-                pass
-        for p in self.ps:
-            p.join(2.0)
-            if p.is_alive():
-                p.terminate()
-
-
-# =============================================================================== driver
 def run_child(job: dict, timeout: float) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--_child", json.dumps(job)]
     try:

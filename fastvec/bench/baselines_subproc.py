@@ -26,7 +26,7 @@ import numpy as np
 __all__ = ["SubprocVecEnv", "CloudpickleWrapper", "worker"]
 
 
-def worker(remote, parent_remote, env_fn_wrapper):
+def worker(remote, parent_remote, env_fn_wrapper, keep_final=False):
     parent_remote.close()
     env = env_fn_wrapper.x()
     try:
@@ -35,6 +35,9 @@ def worker(remote, parent_remote, env_fn_wrapper):
             if cmd == "step":
                 ob, reward, terminated, truncated, info = env.step(data)
                 if terminated or truncated:
+                    if keep_final:  # later baselines and SB3: bootstrap truncations
+                        info = dict(info)
+                        info["terminal_observation"] = ob
                     ob, _ = env.reset()
                 remote.send((ob, reward, terminated, truncated, info))
             elif cmd == "reset":
@@ -77,9 +80,13 @@ class SubprocVecEnv:
     context : str, optional
         multiprocessing start method; default: multiprocessing's default (fork on Linux,
         what the original code used).
+    terminal_observation : bool, default False
+        Put an ended episode's final observation in ``info["terminal_observation"]`` (as
+        later baselines and SB3 do; the seeds' code drops it), so a trainer can bootstrap
+        truncated episodes.
     """
 
-    def __init__(self, env_fns, context: str | None = None):
+    def __init__(self, env_fns, context: str | None = None, terminal_observation: bool = False):
         self.waiting = False
         self.closed = False
         nenvs = len(env_fns)
@@ -87,7 +94,7 @@ class SubprocVecEnv:
         ctx = mp.get_context(context)
         self.remotes, self.work_remotes = zip(*[ctx.Pipe() for _ in range(nenvs)])
         self.ps = [
-            ctx.Process(target=worker, args=(work_remote, remote, CloudpickleWrapper(env_fn)))
+            ctx.Process(target=worker, args=(work_remote, remote, CloudpickleWrapper(env_fn), terminal_observation))
             for (work_remote, remote, env_fn) in zip(self.work_remotes, self.remotes, env_fns)
         ]
         for p in self.ps:

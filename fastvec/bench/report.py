@@ -77,7 +77,7 @@ def render_markdown(results: dict, charts: list[str]) -> str:
         f"- Machine: {meta['cores']} usable cores ({meta['cpu']}), {meta['platform']}",
         f"- Load average (1 min) before / after the run: {meta['loadavg_start']} / {meta['loadavg_end']} "
         "(after includes this run's own processes)",
-        f"- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
         f"- Mode: {'quick' if meta['quick'] else 'full'}; rounds: {meta['repeats']}; "
         f"fastvec num_workers: {meta['fastvec_workers'] or 'default (min(num_envs, cores))'}; seed {meta['seed']}",
         "",
