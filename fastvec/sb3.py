@@ -141,17 +141,16 @@ class SubprocVecEnv(EngineDoor, _Base):
         trunc = eng.truncated[slot]
         dones = term | trunc
         rewards = eng.rewards[slot].astype(np.float32)
-        infos: list[dict] = [{} for _ in range(self.num_envs)]
+        time_limit = (trunc & ~term).tolist()
+        infos: list[dict] = [{"TimeLimit.truncated": v} for v in time_limit]
         for i, step_info, reset_info in records:
-            if step_info:
+            if step_info:  # the env's own keys first, as DummyVecEnv has them
+                step_info["TimeLimit.truncated"] = time_limit[i]
                 infos[i] = step_info
             if reset_info is not None:
                 self.reset_infos[i] = reset_info
-        time_limit = trunc & ~term
-        for i in range(self.num_envs):
-            infos[i]["TimeLimit.truncated"] = bool(time_limit[i])
-        for i in np.flatnonzero(dones):
-            infos[i]["terminal_observation"] = eng.final_obs_of(slot, int(i))
+        for i in np.flatnonzero(dones).tolist():
+            infos[i]["terminal_observation"] = eng.final_obs_of(slot, i)
         return self._observation(slot), rewards, dones, infos
 
     def step(self, actions: np.ndarray):
