@@ -518,16 +518,22 @@ class Engine:
 
     def step_async(self, actions, slot: int) -> None:
         """Write ``actions`` into ``slot`` and wake every worker."""
-        self._check_usable()
+        self._check_step_slot(slot)
         arrays = self._action_writer.validate(actions)
         self._action_writer.write(arrays, self.act_bufs, slot)
-        self.step_async_written(slot)
+        self._wake(slot)
 
     def step_async_written(self, slot: int) -> None:
         """Wake the workers for actions already written into ``act_bufs[.][slot]``."""
+        self._check_step_slot(slot)
+        self._wake(slot)
+
+    def _check_step_slot(self, slot: int) -> None:
         self._check_usable()
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot must be in [0, {self.num_slots}), got {slot}")
+
+    def _wake(self, slot: int) -> None:
         try:
             self._ctl.issue_all(E.CMD_STEP, slot)
         except OSError as exc:
