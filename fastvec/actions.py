@@ -8,7 +8,13 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
+from . import _engine as E
 from .layout import Leaf, get_path, leaves_of
+
+# dtypes the compiled bounds check reads; anything else takes the numpy path.
+_FAST_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int64, np.int32, np.int16, np.int8, np.uint8))
+# Bounds compared as doubles are exact below this magnitude.
+_EXACT = 2.0**52
 
 
 def _where(leaf: Leaf) -> str:
@@ -58,6 +64,18 @@ class _LeafCheck:
             self.integral = True
         else:  # pragma: no cover - leaves_of rejects other spaces
             raise ValueError(f"unsupported action space {space}")
+        # The fast path: one compiled pass over [num_envs, m] against per-column bounds.
+        m = int(np.prod(leaf.shape, dtype=np.int64))
+        self.fast = None
+        if m > 0:
+            if self.low is None:
+                lo, hi = np.full(m, -np.inf), np.full(m, np.inf)
+            else:
+                lo = np.broadcast_to(np.asarray(self.low, dtype=np.float64), leaf.shape).reshape(m).copy()
+                hi = np.broadcast_to(np.asarray(self.high, dtype=np.float64), leaf.shape).reshape(m).copy()
+            finite = np.concatenate([lo[np.isfinite(lo)], hi[np.isfinite(hi)]])
+            if not (np.abs(finite) >= _EXACT).any():
+                self.fast = (num_envs, m, lo, hi)
 
     def check(self, value) -> np.ndarray:
         arr = _as_array(value, self.where)
@@ -71,6 +89,14 @@ class _LeafCheck:
             raise ValueError(
                 f"{self.where} has shape {arr.shape}, expected {self.shape} (num_envs, *action_shape)"
             )
+        fast = self.fast
+        if (fast is not None and arr.dtype in _FAST_DTYPES and arr.flags.c_contiguous
+                and not (self.integral and arr.dtype.kind == "f")):
+            # In bounds as given implies in bounds in the space's dtype (rounding is
+            # monotonic and the bounds are values of that dtype). Otherwise the numpy
+            # path below decides and words the error.
+            if E.in_bounds(arr.reshape(fast[0], fast[1]), fast[2], fast[3]):
+                return arr
         if arr.dtype.kind == "f":
             if np.isnan(arr).any():
                 raise ValueError(f"{self.where} contains NaN")

@@ -228,6 +228,7 @@ class Engine:
         self._start_timeout = start_timeout
         self._blobs = [cloudpickle.dumps(list(env_fns[a:b])) for a, b in self.groups]
         self._fds = np.full(self.num_workers, -1, dtype=np.intc)
+        self._all_workers = np.arange(self.num_workers, dtype=np.intc)
         for w in range(self.num_workers):
             self._conns.append(None)
             self._procs.append(None)
@@ -251,7 +252,8 @@ class Engine:
         self._action_writer = ActionWriter(act_space, self.num_envs)
 
         # Phase 2: one segment for everything, laid out once.
-        plan = plan_segment(obs_space, act_space, self.num_slots, self.num_envs, self.num_workers, E.CTL_COLS)
+        plan = plan_segment(obs_space, act_space, self.num_slots, self.num_envs, self.num_workers, E.CTL_COLS,
+                            E.INFO_COLS)
         segment = create_segment(plan.size)
         self._segment_box.append(segment)
         self.shm_name = segment.name
@@ -263,6 +265,10 @@ class Engine:
         self.rewards = arrays["rewards"]
         self.terminated = arrays["terminated"]
         self.truncated = arrays["truncated"]
+        self._info_f = arrays["info_table"]
+        self._info_i = self._info_f.view(np.int64)
+        self._info_mask = arrays["info_mask"]
+        self._schemas: list[list] = [[] for _ in range(self.num_workers)]  # per worker: [(key, type, is_int)]
         self._ctl = E.Controller(arrays["ctl"], self._fds, self.main_spin_us)
         self._attach_payload = pickle.dumps(
             (segment.name, plan.entries, self.num_slots, obs_space, act_space, n_obs, n_act, self.spin_us)
@@ -329,6 +335,7 @@ class Engine:
         proc.close()
         self._spawn(w)
         self._ctl.forget(w)
+        self._schemas[w] = []
         replies = self._gather_raw([w], self._start_timeout, "restarting")
         self._check_spaces(replies[w], self.single_observation_space, self.single_action_space,
                            self.groups[w][0])
@@ -424,9 +431,11 @@ class Engine:
         Returns ``(results, failures)``: {w: payload object} and {w: (WorkerError, fatal)},
         fatal meaning the worker is dead, silent or garbling (not just an env that raised).
         """
-        pending = [int(w) for w in workers]
-        deadline = None if timeout is None else time.monotonic() + timeout
         failures: dict[int, tuple] = {}
+        pending = [int(w) for w in workers]
+        # Every worker (a step): the first wait takes the precomputed array.
+        first = self._all_workers if len(pending) == self.num_workers else None
+        deadline = None if timeout is None else time.monotonic() + timeout
 
         def fail(w, message):
             failures[w] = (WorkerError(message, worker=w, env_indices=range(*self.groups[w])), True)
@@ -434,7 +443,8 @@ class Engine:
         try:
             while pending:
                 left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-                status, w = self._ctl.wait(np.asarray(pending, dtype=np.intc), left)
+                status, w = self._ctl.wait(first if first is not None else np.asarray(pending, dtype=np.intc), left)
+                first = None
                 if status == 0:
                     break
                 if status == 2:
@@ -483,7 +493,7 @@ class Engine:
         """Unpickle payloads; raise the first env error once all replies are read.
         Garbled replies mark the engine broken (``self._broken``)."""
         results, error = {}, None
-        for w, (cmd, _slot, _arg, blob) in replies.items():
+        for w, (cmd, _slot, arg, blob) in replies.items():
             if cmd not in (E.REPLY_DONE, E.REPLY_RESULT, E.REPLY_ERROR, E.REPLY_READY):
                 raise self._fail(w, f"{self._worker_desc(w)} sent a malformed control message "
                                     f"(reply code {cmd}) while {doing}")
@@ -495,6 +505,10 @@ class Engine:
                 if error is None:
                     error = (w, obj)
                 continue
+            if arg & E.IN_TABLE:
+                if cmd != E.REPLY_DONE or (obj is not None and not self._learn_schema(w, obj)):
+                    raise self._fail(w, f"{self._worker_desc(w)} sent a malformed info table report while {doing}")
+                obj = ("table", None)
             results[w] = obj
         if error is not None:
             w, info = error
@@ -510,6 +524,39 @@ class Engine:
                 worker_traceback=info["traceback"],
             )
         return results
+
+    def _learn_schema(self, w: int, report) -> bool:
+        """A worker's info table columns grew: ``("schema", [(key, type), ...])``, the
+        old columns first. False if the report is malformed."""
+        if not (isinstance(report, tuple) and len(report) == 2 and report[0] == "schema"
+                and isinstance(report[1], list) and len(self._schemas[w]) <= len(report[1]) <= E.INFO_COLS):
+            return False
+        schema = []
+        for k, entry in enumerate(report[1]):
+            if not (isinstance(entry, tuple) and len(entry) == 2):
+                return False
+            is_int = E._table_kind(entry[1])
+            if is_int is None or (k < len(self._schemas[w]) and self._schemas[w][k][:2] != entry):
+                return False
+            schema.append((entry[0], entry[1], is_int))
+        self._schemas[w] = schema
+        return True
+
+    def _table_columns(self, w: int, slot: int) -> dict:
+        """Worker w's infos of ``slot`` from the info table, as columns with global
+        env indices: ``{key: (type, indices, values)}``."""
+        a, b = self.groups[w]
+        masks = self._info_mask[slot, a:b]
+        cols = {}
+        for c, (key, kind, is_int) in enumerate(self._schemas[w]):
+            present = (masks & (1 << c)) != 0
+            table = self._info_i if is_int else self._info_f
+            if present.all():
+                cols[key] = (kind, list(range(a, b)), table[slot, a:b, c].tolist())
+            elif present.any():
+                sel = np.flatnonzero(present)
+                cols[key] = (kind, (sel + a).tolist(), table[slot, a + sel, c].tolist())
+        return cols
 
     # ------------------------------------------------------------------ stepping
     def validate_actions(self, actions) -> list[np.ndarray]:
@@ -568,7 +615,7 @@ class Engine:
             if fatal:
                 self._broken = str(exc)
             raise exc
-        columns, records = self._join_reports(results)
+        columns, records = self._join_reports(results, slot)
         if failures:
             records = (records if columns is None else columns_to_records(columns))
             columns = None
@@ -579,16 +626,38 @@ class Engine:
         self._last_slot = slot
         return columns, records
 
-    def _join_reports(self, results: dict):
+    def _whole_table(self, results: dict, slot: int):
+        """The common case in one go: every worker put its infos in the table, with the
+        same columns, and every env reported every key. Columns ``{key: (type, None,
+        values)}`` (None: all envs, in order) or None if the case does not apply."""
+        if len(results) != self.num_workers:
+            return None
+        schema = self._schemas[0]
+        for w in range(self.num_workers):
+            report = results.get(w)
+            if report is None or report[0] != "table" or (w and self._schemas[w] != schema):
+                return None
+        k = len(schema)
+        if not k or not (self._info_mask[slot] == (1 << k) - 1).all():
+            return None
+        return {key: (kind, None, (self._info_i if is_int else self._info_f)[slot, :, c].copy())
+                for c, (key, kind, is_int) in enumerate(schema)}
+
+    def _join_reports(self, results: dict, slot: int):
         """Workers' step reports -> ``(columns, None)`` when every worker that reported
         sent flat numeric columns, else ``(None, records)`` in env order."""
+        columns = self._whole_table(results, slot)
+        if columns is not None:
+            return columns, None
         parts, records, flat = [], [], True
         for w, report in results.items():
             if report is None:
                 continue
             kind, body = report
             start = self.groups[w][0]
-            if kind == "cols":
+            if kind == "table":
+                parts.append((0, self._table_columns(w, slot)))
+            elif kind == "cols":
                 parts.append((start, body))
             else:
                 flat = False

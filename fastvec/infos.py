@@ -62,7 +62,7 @@ def encode_columns(records: list) -> dict | None:
 
 
 def merge_columns(parts: list[tuple[int, dict]]) -> dict | None:
-    """Join workers' columns ``[(env_offset, columns), ...]`` into global ones, keeping
+    """Join workers' columns (indices as lists) ``[(env_offset, columns), ...]`` into global ones, keeping
     keys in order of first appearance; None if a key has two types across workers."""
     merged: dict = {}
     for offset, cols in parts:
@@ -72,7 +72,7 @@ def merge_columns(parts: list[tuple[int, dict]]) -> dict | None:
                 merged[key] = col = (kind, [], [])
             elif col[0] is not kind:
                 return None
-            col[1].extend(i + offset for i in idx)
+            col[1].extend(idx if offset == 0 else [i + offset for i in idx])
             col[2].extend(values)
     return merged
 
@@ -81,6 +81,9 @@ def columns_to_records(columns: dict) -> list:
     """Per-env ``(env_index, info, None)`` records, in env order, exact values and types."""
     per_env: dict[int, dict] = {}
     for key, (kind, idx, values) in columns.items():
+        if idx is None:  # every env, in order (values: an array)
+            idx = range(len(values))
+            values = values.tolist()
         for i, value in zip(idx, values):
             per_env.setdefault(i, {})[key] = kind(value)
     return [(i, per_env[i], None) for i in sorted(per_env)]
@@ -91,6 +94,10 @@ def columns_to_vector_infos(columns: dict, num_envs: int) -> dict:
     key an array of ``kind`` with the values, and a ``_key`` boolean mask."""
     infos: dict = {}
     for key, (kind, idx, values) in columns.items():
+        if idx is None:  # every env reported this key: values is an array of num_envs
+            infos[key] = values.astype(kind, copy=False)
+            infos[f"_{key}"] = np.ones(num_envs, dtype=np.bool_)
+            continue
         array = np.zeros(num_envs, dtype=kind)
         array[idx] = values
         mask = np.zeros(num_envs, dtype=np.bool_)

@@ -115,9 +115,9 @@ class SegmentPlan:
 
 
 def plan_segment(obs_space, act_space, num_slots: int, num_envs: int, num_workers: int,
-                 ctl_cols: int) -> SegmentPlan:
-    """Lay out the control block, observations, final observations, actions, rewards
-    and flags."""
+                 ctl_cols: int, info_cols: int = 0) -> SegmentPlan:
+    """Lay out the control block, observations, final observations, actions, rewards,
+    flags and the info table (``info_cols`` numeric info cells per env and slot)."""
     plan = SegmentPlan()
     plan.add("ctl", (num_workers + 1, ctl_cols), np.int64)
     for i, leaf in enumerate(leaves_of(obs_space)):
@@ -128,4 +128,7 @@ def plan_segment(obs_space, act_space, num_slots: int, num_envs: int, num_worker
     plan.add("rewards", (num_slots, num_envs), np.float64)
     plan.add("terminated", (num_slots, num_envs), np.bool_)
     plan.add("truncated", (num_slots, num_envs), np.bool_)
+    if info_cols:
+        plan.add("info_table", (num_slots, num_envs, info_cols), np.float64)
+        plan.add("info_mask", (num_slots, num_envs), np.uint16)
     return plan

@@ -153,6 +153,7 @@ def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_f
             [arrays[f"act{i}"] for i in range(n_act)],
             act_space, build_nested,
             arrays["rewards"], arrays["terminated"], arrays["truncated"],
+            arrays.get("info_table"), arrays.get("info_mask"),
         )
         chan = E.WorkerChannel(arrays["ctl"], index, fd, spin_us)
         E.send_header(fd, E.REPLY_DONE, 0, 0)

@@ -398,10 +398,17 @@ class FlatInfoEnv(gym.Env):
             "flag": bool(x[2] > 0),
             "frame": np.int32(self._t),
         }
+        info["f16"] = np.float16(x[1])
+        info["u32"] = np.uint32(self._t * 7)
+        info["i8"] = np.int8(-self._t % 100)
         if rng.random() < 0.3:
             info["sometimes"] = float(x[1])
         if rng.random() < 0.05:
             info["x_position"] = float(x[0])  # a different type for one key
+        if rng.random() < 0.03:
+            info["flag"] = np.bool_(x[2] > 0)  # not a number to gymnasium: an object array
+        if rng.random() < 0.03:  # more keys than the shared info table holds
+            info.update({f"k{k}": float(k) for k in range(12)})
         terminated = bool(rng.random() < 0.03)
         truncated = self._t >= 40
         return x, float(action) * 0.5, terminated, truncated, info

@@ -468,3 +468,45 @@ def test_info_that_cannot_be_pickled_raises_worker_error():
             env.step(np.array([0, 1]))
     finally:
         env.close()
+
+
+# --------------------------------------------------- compiled bounds check == numpy check
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from fastvec.actions import ActionWriter  # noqa: E402
+
+_BOUNDS_SPACES = [
+    gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+    gym.spaces.Box(np.array([-2.0, 0.0]), np.array([2.0, np.inf]), dtype=np.float64),
+    gym.spaces.Box(-5, 5, (2,), np.int64),
+    gym.spaces.Discrete(4, start=-1),
+    gym.spaces.MultiDiscrete([3, 5]),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(range(len(_BOUNDS_SPACES))),
+       st.sampled_from(["float32", "float64", "int64", "int32", "int8", "uint8"]),
+       st.lists(st.one_of(st.floats(-8, 8), st.sampled_from([np.nan, np.inf, -np.inf, 1.0000001, -1.0000001]),
+                          st.integers(-8, 8)), min_size=12, max_size=12))
+def test_compiled_bounds_check_agrees_with_numpy(which, dtype, values):
+    """The compiled fast path accepts exactly what the numpy path accepts."""
+    space = _BOUNDS_SPACES[which]
+    fast = ActionWriter(space, 2)
+    slow = ActionWriter(space, 2)
+    for chk in slow.checks:
+        chk.fast = None
+    shape = (2,) + space.shape
+    n = int(np.prod(shape))
+    with np.errstate(invalid="ignore", over="ignore"):
+        arr = np.array(values[:n], dtype=np.float64).astype(dtype).reshape(shape)
+
+    def outcome(writer):
+        try:
+            out = writer.validate(arr)
+            return ("ok", [a.tobytes() for a in out])
+        except ValueError as exc:
+            return ("error", str(exc))
+
+    assert outcome(fast) == outcome(slow)

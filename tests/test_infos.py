@@ -61,3 +61,28 @@ def test_non_flat_infos_are_sent_as_records(info):
 
 def test_episode_ends_are_sent_as_records():
     assert encode_columns([(0, {"a": 1.0}, {"reset": 1.0})]) is None
+
+
+def test_flat_infos_travel_in_the_shared_info_table():
+    """Flat numeric infos are written into the segment's info table (no pickling): the
+    engine learns each worker's columns, and the merged infos equal SyncVectorEnv's."""
+    import gymnasium as gym
+
+    import fastvec
+    from envs import FlatInfoEnv
+
+    env = fastvec.AsyncVectorEnv([FlatInfoEnv] * 4, num_workers=2)
+    ref = gym.vector.SyncVectorEnv([FlatInfoEnv] * 4)
+    try:
+        env.reset(seed=3)
+        ref.reset(seed=3)
+        for t in range(30):
+            actions = np.array([t % 3] * 4)
+            got, want = env.step(actions), ref.step(actions)
+            assert_same(got[4], want[4])
+        keys = [[key for key, _kind, _is_int in schema] for schema in env.engine._schemas]
+        for worker_keys in keys:
+            assert {"x_position", "lives", "reward_ctrl", "frame", "f16", "u32", "i8"} <= set(worker_keys)
+    finally:
+        env.close()
+        ref.close()
