@@ -442,6 +442,13 @@ def report(results) -> str:
                 f"{r['ratio_collect_vs_random']:.2f}x random",
                 f"- time: {json.dumps({k: round(v, 2) for k, v in r['time_breakdown'].items()})}",
             ]
+            tb = r["time_breakdown"]
+            if tb.get("learn"):
+                # The update alone bounds the loop: even with free env steps and free acting,
+                # the loop cannot pass rollout steps / update time.
+                bound = r["train_sps"] * sum(tb.values()) / tb["learn"]
+                lines.append(f"- upper bound from the update alone: {bound:.0f} steps/s = "
+                             f"{bound / r['random_sps']:.2f}x random, on {r['device']}")
         lines.append("")
     return "\n".join(lines)
 
