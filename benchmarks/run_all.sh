@@ -5,6 +5,8 @@
 #     -> results.md, results.json, ratios.png, scaling.png, latency.png (~10 min on 2 cores)
 #  2. benchmarks/bench_train.py: PPO time-to-solve against SB3 -> train.md, train.json
 #     (~10-20 min on 2 cores; SKIP_TRAIN=1 skips it)
+#  3. benchmarks/bench_ray.py: fastvec.ray beside the local engine -> ray.md, ray.json
+#     (~5 min; runs when Ray is installed, SKIP_RAY=1 skips it)
 #
 #   benchmarks/run_all.sh                 # everything
 #   benchmarks/run_all.sh --repeats 9     # extra arguments go to `fastvec bench`
@@ -21,4 +23,8 @@ fastvec bench --out "$OUT" --repeats 5 "$@"
 
 if [[ "${SKIP_TRAIN:-0}" != 1 ]]; then
     python benchmarks/bench_train.py --out "$OUT"
+fi
+
+if [[ "${SKIP_RAY:-0}" != 1 ]] && python -c "import ray" 2>/dev/null; then
+    python benchmarks/bench_ray.py --out "$OUT"
 fi

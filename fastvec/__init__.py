@@ -6,6 +6,8 @@ Front doors:
 - ``fastvec.SubprocVecEnv``: Stable-Baselines3's ``VecEnv`` API (SB3 optional).
 
 Both run on ``fastvec.Engine``. ``fastvec.gae`` computes GAE over ``[T, N]`` rollouts.
+``fastvec.ray`` (optional, ``pip install "fastvec[ray]"``, imported only on request) has
+the same two doors over Ray actors spread across a cluster.
 """
 from .errors import ClosedError, WorkerError
 from .gae import gae, gae_from_dones  # eager: the module shares the function's name

@@ -13,6 +13,10 @@ class EngineDoor:
     closed: bool
     _engine: Engine
 
+    def _make_engine(self, env_fns, **kwargs) -> Engine:
+        """The engine behind this door (``fastvec.ray``'s doors build a ``RayEngine``)."""
+        return Engine(env_fns, **kwargs)
+
     def _open_door(self, engine: Engine, copy: bool) -> None:
         self._engine = engine
         self.copy = bool(copy)

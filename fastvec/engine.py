@@ -64,6 +64,21 @@ def split_envs(num_envs: int, num_workers: int) -> list[tuple[int, int]]:
     return groups
 
 
+def check_env_fns(env_fns) -> list:
+    """``env_fns`` as a non-empty list of callables, or ValueError."""
+    if isinstance(env_fns, (str, bytes)) or not isinstance(env_fns, Sequence):
+        try:
+            env_fns = list(env_fns)
+        except TypeError:
+            raise ValueError("env_fns must be a sequence of callables that return envs") from None
+    if len(env_fns) == 0:
+        raise ValueError("env_fns is empty: give at least one env factory")
+    for i, fn in enumerate(env_fns):
+        if not callable(fn):
+            raise ValueError(f"env_fns[{i}] is not callable (got {type(fn).__name__})")
+    return list(env_fns)
+
+
 def _check_positive_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -127,7 +142,99 @@ def _shutdown(procs, conns, segment_box, grace: float) -> None:
     release_segment(segment, unlink=True)
 
 
-class Engine:
+class EngineBase:
+    """What every engine shares on its caller's side: the ring of result slots, action
+    validation, step start-up and the views of observations. ``Engine`` (worker
+    processes on this machine) and ``fastvec.ray.RayEngine`` (actors over a cluster)
+    implement ``_start_step``, ``step_wait_report``, ``reset``, ``call`` and ``close``."""
+
+    _closed: bool
+    _broken: str | None
+
+    def _start_step(self, slot: int) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("this vector env is closed")
+        if self._broken is not None:
+            raise WorkerError(f"the vector env is unusable after an earlier failure: {self._broken}; close it")
+        if self._pending_slot is not None:
+            raise RuntimeError("a step is in flight: call step_wait() before anything else")
+
+    def validate_actions(self, actions) -> list[np.ndarray]:
+        """Check a batch of actions; ValueError (with nothing dispatched) if bad."""
+        return self._action_writer.validate(actions)
+
+    def step_async(self, actions, slot: int) -> None:
+        """Write ``actions`` into ``slot`` and wake every worker."""
+        self._check_step_slot(slot)
+        arrays = self._action_writer.validate(actions)
+        self._action_writer.write(arrays, self.act_bufs, slot)
+        self._start_step(slot)
+
+    def step_async_written(self, slot: int) -> None:
+        """Wake the workers for actions already written into ``act_bufs[.][slot]``."""
+        self._check_step_slot(slot)
+        self._start_step(slot)
+
+    def _check_step_slot(self, slot: int) -> None:
+        self._check_usable()
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot must be in [0, {self.num_slots}), got {slot}")
+
+    def step_wait(self, timeout: float | None = ...) -> list:
+        """Wait for the step in flight. Returns a list of ``(env_index, step_info,
+        reset_info)`` for the envs that reported something (ended episodes, infos),
+        in env order.
+        """
+        columns, records = self.step_wait_report(timeout)
+        return records if columns is None else columns_to_records(columns)
+
+    def normalize_indices(self, indices) -> list[int]:
+        if indices is None:
+            return list(range(self.num_envs))
+        if isinstance(indices, (int, np.integer)) and not isinstance(indices, bool):
+            indices = [indices]
+        try:
+            out = [_index(i) for i in indices]
+        except TypeError:
+            raise ValueError(f"indices must be None, an int or a sequence of ints, got {indices!r}") from None
+        for i in out:
+            if not -self.num_envs <= i < self.num_envs:
+                raise ValueError(f"env index {i} out of range for {self.num_envs} envs")
+        return [i % self.num_envs for i in out]
+
+    def obs_view(self, slot: int, space=None):
+        """The batched observation of ``slot`` as views (Dict/Tuple rebuilt)."""
+        return build_nested(space or self.single_observation_space, [b[slot] for b in self.obs_bufs])[0]
+
+    def observation(self, slot: int, copy: bool):
+        """What a front door returns: fresh arrays, or read-only views into the ring."""
+        return map_nested(np.copy if copy else readonly_view, self.obs_view(slot))
+
+    def final_obs_of(self, slot: int, i: int):
+        """A copy of env i's final observation of the episode that ended in ``slot``."""
+        parts = [np.array(b[slot, i]) for b in self.final_bufs]
+        return build_nested(self.single_observation_space, parts)[0]
+
+    def obs_of(self, slot: int, i: int):
+        parts = [np.array(b[slot, i]) for b in self.obs_bufs]
+        return build_nested(self.single_observation_space, parts)[0]
+
+
+class Engine(EngineBase):
     """Runs ``len(env_fns)`` envs in ``num_workers`` processes over shared memory.
 
     Parameters
@@ -170,16 +277,7 @@ class Engine:
         restart_on_error: bool = False,
     ):
         self._closed = True  # until fully started
-        if isinstance(env_fns, (str, bytes)) or not isinstance(env_fns, Sequence):
-            try:
-                env_fns = list(env_fns)
-            except TypeError:
-                raise ValueError("env_fns must be a sequence of callables that return envs") from None
-        if len(env_fns) == 0:
-            raise ValueError("env_fns is empty: give at least one env factory")
-        for i, fn in enumerate(env_fns):
-            if not callable(fn):
-                raise ValueError(f"env_fns[{i}] is not callable (got {type(fn).__name__})")
+        env_fns = check_env_fns(env_fns)
         num_envs = len(env_fns)
         if num_workers is None:
             num_workers = min(num_envs, available_cores())
@@ -349,18 +447,6 @@ class Engine:
     @property
     def worker_pids(self) -> list[int]:
         return [int(p.pid) for p in self._procs]
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _check_usable(self) -> None:
-        if self._closed:
-            raise ClosedError("this vector env is closed")
-        if self._broken is not None:
-            raise WorkerError(f"the vector env is unusable after an earlier failure: {self._broken}; close it")
-        if self._pending_slot is not None:
-            raise RuntimeError("a step is in flight: call step_wait() before anything else")
 
     def _worker_desc(self, w: int) -> str:
         a, b = self.groups[w]
@@ -559,41 +645,13 @@ class Engine:
         return cols
 
     # ------------------------------------------------------------------ stepping
-    def validate_actions(self, actions) -> list[np.ndarray]:
-        """Check a batch of actions; ValueError (with nothing dispatched) if bad."""
-        return self._action_writer.validate(actions)
 
-    def step_async(self, actions, slot: int) -> None:
-        """Write ``actions`` into ``slot`` and wake every worker."""
-        self._check_step_slot(slot)
-        arrays = self._action_writer.validate(actions)
-        self._action_writer.write(arrays, self.act_bufs, slot)
-        self._wake(slot)
-
-    def step_async_written(self, slot: int) -> None:
-        """Wake the workers for actions already written into ``act_bufs[.][slot]``."""
-        self._check_step_slot(slot)
-        self._wake(slot)
-
-    def _check_step_slot(self, slot: int) -> None:
-        self._check_usable()
-        if not 0 <= slot < self.num_slots:
-            raise ValueError(f"slot must be in [0, {self.num_slots}), got {slot}")
-
-    def _wake(self, slot: int) -> None:
+    def _start_step(self, slot: int) -> None:
         try:
             self._ctl.issue_all(E.CMD_STEP, slot)
         except OSError as exc:
             raise self._fail(0, f"could not reach the workers: {exc}") from None
         self._pending_slot = slot
-
-    def step_wait(self, timeout: float | None = ...) -> list:
-        """Wait for the step in flight. Returns a list of ``(env_index, step_info,
-        reset_info)`` for the envs that reported something (ended episodes, infos),
-        in env order.
-        """
-        columns, records = self.step_wait_report(timeout)
-        return records if columns is None else columns_to_records(columns)
 
     def step_wait_report(self, timeout: float | None = ...):
         """Like ``step_wait``, but returns ``(columns, records)``: exactly one is not None.
@@ -702,20 +760,6 @@ class Engine:
             out.setdefault(w, []).append(i - self.groups[w][0])
         return out
 
-    def normalize_indices(self, indices) -> list[int]:
-        if indices is None:
-            return list(range(self.num_envs))
-        if isinstance(indices, (int, np.integer)) and not isinstance(indices, bool):
-            indices = [indices]
-        try:
-            out = [_index(i) for i in indices]
-        except TypeError:
-            raise ValueError(f"indices must be None, an int or a sequence of ints, got {indices!r}") from None
-        for i in out:
-            if not -self.num_envs <= i < self.num_envs:
-                raise ValueError(f"env index {i} out of range for {self.num_envs} envs")
-        return [i % self.num_envs for i in out]
-
     def reset(self, slot: int, kwargs_per_env: dict[int, dict]) -> dict[int, dict]:
         """Reset the envs named in ``kwargs_per_env`` ({env: reset kwargs}), writing
         their observations into ``slot``. Returns {env: reset info}."""
@@ -765,22 +809,6 @@ class Engine:
                 raise self._fail(w, self._death_message(w, "receiving a command")) from None
 
     # ------------------------------------------------------------------ views
-    def obs_view(self, slot: int, space=None):
-        """The batched observation of ``slot`` as views (Dict/Tuple rebuilt)."""
-        return build_nested(space or self.single_observation_space, [b[slot] for b in self.obs_bufs])[0]
-
-    def observation(self, slot: int, copy: bool):
-        """What a front door returns: fresh arrays, or read-only views into the ring."""
-        return map_nested(np.copy if copy else readonly_view, self.obs_view(slot))
-
-    def final_obs_of(self, slot: int, i: int):
-        """A copy of env i's final observation of the episode that ended in ``slot``."""
-        parts = [np.array(b[slot, i]) for b in self.final_bufs]
-        return build_nested(self.single_observation_space, parts)[0]
-
-    def obs_of(self, slot: int, i: int):
-        parts = [np.array(b[slot, i]) for b in self.obs_bufs]
-        return build_nested(self.single_observation_space, parts)[0]
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
@@ -804,10 +832,3 @@ class Engine:
             if hasattr(self, name):
                 setattr(self, name, None)
         self._finalizer()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False

@@ -277,15 +277,24 @@ def _single_leaf(space, what: str):
 
 
 class EngineBackend:
-    """Rollout storage = the engine's shared memory (zero copy)."""
+    """Rollout storage = the engine's shared memory (zero copy).
+
+    ``engine``: an already started engine with the same interface and layout (e.g. a
+    ``fastvec.ray.RayEngine``, ``kind="fastvec-ray"``) instead of starting one here.
+    """
 
     kind = "fastvec"
 
-    def __init__(self, env_fns, num_slots: int, num_workers=None, context="fork", spin_us=None):
-        from .engine import Engine
+    def __init__(self, env_fns, num_slots: int, num_workers=None, context="fork", spin_us=None,
+                 engine=None, kind: str | None = None):
+        if engine is None:
+            from .engine import Engine
 
-        self.engine = Engine(env_fns, num_workers=num_workers, num_slots=num_slots,
-                             autoreset_mode="same_step", context=context, spin_us=spin_us)
+            engine = Engine(env_fns, num_workers=num_workers, num_slots=num_slots,
+                            autoreset_mode="same_step", context=context, spin_us=spin_us)
+        if kind is not None:
+            self.kind = kind
+        self.engine = engine
         eng = self.engine
         try:
             _single_leaf(eng.single_observation_space, "observation")
@@ -308,7 +317,8 @@ class EngineBackend:
 
     @property
     def worker_pids(self) -> list[int]:
-        return self.engine.worker_pids
+        # Ray actors run on their own nodes: their pids mean nothing to this machine's psutil.
+        return self.engine.worker_pids if self.kind == "fastvec" else []
 
     def arrays(self) -> list[np.ndarray]:
         return [self.obs, self.final_obs, self.act, self.rewards, self.terminated, self.truncated]
@@ -1052,7 +1062,8 @@ def _check_spaces(ckpt: dict, obs_space, act_space, env_id) -> None:
 def train(env_id: str | None = None, config: PPOConfig | None = None, *, venv=None,
           env_kwargs: dict | None = None, run_dir: str | None = None, progress: bool = True,
           tensorboard: bool = True, init_from: str | dict | None = None,
-          save: bool = True) -> dict:
+          save: bool = True, backend: str = "engine", ray_address: str | None = None,
+          ray_actors: int | None = None) -> dict:
     """Train PPO; returns a result dict (``solved``, ``env_steps``, ``wall_seconds``,
     ``final_mean_return``, ``sps`` ...).
 
@@ -1061,6 +1072,11 @@ def train(env_id: str | None = None, config: PPOConfig | None = None, *, venv=No
     keeps ownership (it is not closed).
     ``run_dir``: where TensorBoard events, ``metrics.jsonl``, ``learning_curve.png`` and
     ``checkpoint.pt`` go (None: no files at all).
+    ``backend``: ``"engine"`` (this machine) or ``"ray"``: the envs run in Ray actors
+    (``fastvec.ray.RayEngine``) on the cluster at ``ray_address`` (None: a local Ray
+    instance on 127.0.0.1), ``ray_actors`` of them (default: one per node);
+    ``num_workers`` is then the worker processes per actor (started by a fork server in
+    each actor: ``context`` does not apply).
     """
     from .monitor import Monitor, process_rss, worker_health
     from .presets import env_factory, solve_threshold
@@ -1069,6 +1085,12 @@ def train(env_id: str | None = None, config: PPOConfig | None = None, *, venv=No
     device = _resolve_device(cfg.device)
     if env_id is None and venv is None:
         raise ValueError("give an env id or a vector env")
+    if backend not in ("engine", "ray"):
+        raise ValueError(f"backend must be 'engine' or 'ray', got {backend!r}")
+    if backend != "ray" and (ray_address is not None or ray_actors is not None):
+        raise ValueError("ray_address and ray_actors need backend='ray'")
+    if backend == "ray" and venv is not None:
+        raise ValueError("backend='ray' starts its own envs: pass an env id, not a vector env")
     ckpt = None
     if init_from is not None:
         ckpt = load_checkpoint(init_from) if isinstance(init_from, str) else init_from
@@ -1087,7 +1109,19 @@ def train(env_id: str | None = None, config: PPOConfig | None = None, *, venv=No
     # ---- the clock starts here: env start-up is part of the wall time
     t_start = time.perf_counter()
     try:
-        if venv is None:
+        if venv is None and backend == "ray":
+            from .ray import RayEngine
+
+            fns = [env_factory(env_id, env_kwargs)] * cfg.num_envs
+            engine = RayEngine(fns, num_slots=cfg.n_steps + 1, autoreset_mode="same_step",
+                               ray_address=ray_address, num_actors=ray_actors,
+                               workers_per_actor=cfg.num_workers, spin_us=cfg.spin_us)
+            try:
+                backend = EngineBackend(fns, cfg.n_steps + 1, engine=engine, kind="fastvec-ray")
+            except BaseException:
+                engine.close()
+                raise
+        elif venv is None:
             fns = [env_factory(env_id, env_kwargs)] * cfg.num_envs
             backend = EngineBackend(fns, cfg.n_steps + 1, cfg.num_workers, cfg.context, cfg.spin_us)
         else:

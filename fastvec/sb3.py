@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from .door import EngineDoor
-from .engine import Engine
 from .infos import columns_to_records
 from .layout import build_nested, get_path, leaves_of
 
@@ -80,7 +79,7 @@ class SubprocVecEnv(EngineDoor, _Base):
     ):
         self.closed = True
         self.waiting = False
-        engine = Engine(
+        engine = self._make_engine(
             env_fns,
             num_workers=num_workers,
             num_slots=num_slots,

@@ -3,6 +3,7 @@
     fastvec train ENV_ID [--seed N] [--num-envs N] [--num-workers N] [--total-steps N]
                   [--stop-at-return R] [--device auto|cpu|cuda] [--logdir DIR]
                   [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
+                  [--backend engine|ray] [--ray-address ADDR] [--actors N]
     fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic]
 
 Both print one JSON object as the last line of stdout and exit 0 on success. Bad input
@@ -51,6 +52,14 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard event files")
     p.add_argument("--list-keys", action="store_true", help="print the config for ENV_ID and exit")
+    p.add_argument("--backend", choices=["engine", "ray"], default="engine",
+                   help="engine: envs on this machine (default); ray: envs in Ray actors over a "
+                        "cluster (pip install \"fastvec[ray]\"), --num-workers then counts per actor")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="with --backend ray: the cluster to join (default: start a local Ray "
+                        "instance on 127.0.0.1)")
+    p.add_argument("--actors", type=int, default=None, metavar="N",
+                   help="with --backend ray: Ray actors hosting the envs (default: one per node)")
     return p
 
 
@@ -97,6 +106,17 @@ def _train(argv) -> int:
     try:
         check_env_id(args.env_id)
         cfg = build_config(args.env_id, args)
+        if args.backend != "ray" and (args.ray_address is not None or args.actors is not None):
+            raise ValueError("--ray-address and --actors need --backend ray")
+        if args.actors is not None and args.actors < 1:
+            raise ValueError(f"--actors must be a positive integer, got {args.actors}")
+        if args.actors is not None and args.actors > cfg.num_envs:
+            raise ValueError(f"--actors {args.actors} exceeds num_envs={cfg.num_envs}")
+        if args.backend == "ray" and not args.list_keys:
+            try:
+                import ray  # noqa: F401
+            except ImportError:
+                raise ValueError('--backend ray needs Ray: pip install "fastvec[ray]"') from None
     except (ConfigError, ValueError) as exc:
         return _fail("train", exc, 2)
     if args.list_keys:
@@ -121,7 +141,8 @@ def _train(argv) -> int:
             return _fail("train", exc, 2)
     try:
         result = train(args.env_id, cfg, run_dir=run_dir, progress=not args.no_progress,
-                       tensorboard=not args.no_tensorboard, init_from=init)
+                       tensorboard=not args.no_tensorboard, init_from=init, backend=args.backend,
+                       ray_address=args.ray_address, ray_actors=args.actors)
     except (ConfigError,) as exc:
         return _fail("train", exc, 2)
     except KeyboardInterrupt:

@@ -14,7 +14,6 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from .door import EngineDoor
-from .engine import Engine
 from .infos import columns_to_vector_infos
 
 _MODES = {
@@ -87,7 +86,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
                 f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {autoreset_mode!r}"
             ) from None
         self.autoreset_mode = mode
-        engine = Engine(
+        engine = self._make_engine(
             env_fns,
             num_workers=num_workers,
             num_slots=num_slots,
