@@ -154,6 +154,16 @@ class EngineBase:
     def _start_step(self, slot: int) -> None:
         raise NotImplementedError
 
+    def _bind_ring(self, arrays: dict) -> None:
+        """The ring's arrays, by the names ``plan_segment`` gives them."""
+        n_obs, n_act = len(self.obs_leaves_info), len(self.act_leaves_info)
+        self.obs_bufs = [arrays[f"obs{i}"] for i in range(n_obs)]
+        self.final_bufs = [arrays[f"final{i}"] for i in range(n_obs)]
+        self.act_bufs = [arrays[f"act{i}"] for i in range(n_act)]
+        self.rewards = arrays["rewards"]
+        self.terminated = arrays["terminated"]
+        self.truncated = arrays["truncated"]
+
     def __enter__(self):
         return self
 
@@ -356,13 +366,8 @@ class Engine(EngineBase):
         self._segment_box.append(segment)
         self.shm_name = segment.name
         arrays = plan.arrays(segment.buf)
+        self._bind_ring(arrays)
         n_obs, n_act = len(self.obs_leaves_info), len(self.act_leaves_info)
-        self.obs_bufs = [arrays[f"obs{i}"] for i in range(n_obs)]
-        self.final_bufs = [arrays[f"final{i}"] for i in range(n_obs)]
-        self.act_bufs = [arrays[f"act{i}"] for i in range(n_act)]
-        self.rewards = arrays["rewards"]
-        self.terminated = arrays["terminated"]
-        self.truncated = arrays["truncated"]
         self._info_f = arrays["info_table"]
         self._info_i = self._info_f.view(np.int64)
         self._info_mask = arrays["info_mask"]

@@ -855,13 +855,7 @@ class RayEngine(EngineBase):
         self.shm_name = segment.name
         self._plan_entries = plan.entries
         arrays = plan.arrays(segment.buf)
-        n_obs, n_act = len(self.obs_leaves_info), len(self.act_leaves_info)
-        self.obs_bufs = [arrays[f"obs{i}"] for i in range(n_obs)]
-        self.final_bufs = [arrays[f"final{i}"] for i in range(n_obs)]
-        self.act_bufs = [arrays[f"act{i}"] for i in range(n_act)]
-        self.rewards = arrays["rewards"]
-        self.terminated = arrays["terminated"]
-        self.truncated = arrays["truncated"]
+        self._bind_ring(arrays)
         # Observations of actors on other nodes come back in chunks small enough for Ray to
         # send inline with the task's reply (a trip through the object store costs ~1 ms).
         row_bytes = sum(int(np.prod(leaf.shape, dtype=np.int64)) * leaf.dtype.itemsize
