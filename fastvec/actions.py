@@ -100,8 +100,8 @@ class _LeafCheck:
         if arr.dtype.kind == "f":
             if np.isnan(arr).any():
                 raise ValueError(f"{self.where} contains NaN")
-            if self.integral:  # an integer Box: floats must be whole numbers
-                if not np.array_equal(arr, np.round(arr)):
+            if self.integral:  # an integer Box: floats must be whole (and finite) numbers
+                if not (np.isfinite(arr).all() and np.array_equal(arr, np.round(arr))):
                     raise ValueError(f"{self.where} must hold whole numbers for dtype {self.dtype}")
         if self.low is not None:
             # Compare in the space's dtype: what the env will actually receive.
