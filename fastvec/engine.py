@@ -26,7 +26,7 @@ import numpy as np
 from . import _engine as E
 from .actions import ActionWriter
 from .errors import ClosedError, WorkerError
-from .infos import columns_to_records, merge_columns
+from .infos import columns_to_records, join_parts
 from .layout import build_nested, leaves_of, map_nested, plan_segment, readonly_view
 from .shm import create_segment, release_segment
 from .worker import worker_main
@@ -712,7 +712,7 @@ class Engine(EngineBase):
         columns = self._whole_table(results, slot)
         if columns is not None:
             return columns, None
-        parts, records, flat = [], [], True
+        parts, records = [], []
         for w, report in results.items():
             if report is None:
                 continue
@@ -723,16 +723,8 @@ class Engine(EngineBase):
             elif kind == "cols":
                 parts.append((start, body))
             else:
-                flat = False
                 records += [(start + j, step_info, reset_info) for j, step_info, reset_info in body]
-        if flat:
-            columns = merge_columns(parts)
-            if columns is not None:
-                return columns, None
-        for start, cols in parts:
-            records += [(start + i, info, r) for i, info, r in columns_to_records(cols)]
-        records.sort(key=lambda rec: rec[0])
-        return None, records
+        return join_parts(parts, records)
 
     def _replace_failed(self, w: int, slot: int, exc: WorkerError) -> list:
         a, b = self.groups[w]

@@ -67,6 +67,9 @@ def merge_columns(parts: list[tuple[int, dict]]) -> dict | None:
     merged: dict = {}
     for offset, cols in parts:
         for key, (kind, idx, values) in cols.items():
+            if idx is None:  # every env of that part, values an array
+                idx = range(len(values))
+                values = values.tolist()
             col = merged.get(key)
             if col is None:
                 merged[key] = col = (kind, [], [])
@@ -105,3 +108,19 @@ def columns_to_vector_infos(columns: dict, num_envs: int) -> dict:
         infos[key] = array
         infos[f"_{key}"] = mask
     return infos
+
+
+def join_parts(parts: list[tuple[int, dict]], records: list) -> tuple:
+    """A step's reports from several workers (or actors) -> ``(columns, None)`` when every
+    part is columns of one type per key, else ``(None, records)`` in env order.
+    ``parts``: ``[(env_offset, columns), ...]``; ``records`` (global indices) or [] when
+    every part sent columns."""
+    if not records:
+        columns = merge_columns(parts)
+        if columns is not None:
+            return columns, None
+    records = list(records)
+    for start, cols in parts:
+        records += [(start + i, info, r) for i, info, r in columns_to_records(cols)]
+    records.sort(key=lambda rec: rec[0])
+    return None, records

@@ -67,7 +67,7 @@ from gymnasium.vector import AutoresetMode
 from .actions import ActionWriter
 from .engine import EngineBase, check_env_fns
 from .errors import WorkerError
-from .infos import columns_to_records
+from .infos import columns_to_records, join_parts
 from .layout import SegmentPlan, leaves_of
 from .shm import attach_segment, create_segment, release_segment
 from .sb3 import SubprocVecEnv as _SB3Door
@@ -218,27 +218,6 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
             return None
         got += k
     return bytes(buf)
-
-
-def _merge_columns(parts: list) -> dict | None:
-    """Join the actors' info columns ``[(env_offset, columns), ...]`` into global ones
-    (see ``fastvec.infos``): per key ``(kind, indices, values)``, in order of first
-    appearance; None if a key has two types across actors. Columns whose indices are
-    None (every env of that actor, values an array) are spelled out."""
-    merged: dict = {}
-    for offset, cols in parts:
-        for key, (kind, idx, values) in cols.items():
-            if idx is None:
-                idx = range(len(values))
-                values = values.tolist() if hasattr(values, "tolist") else list(values)
-            col = merged.get(key)
-            if col is None:
-                merged[key] = col = (kind, [], [])
-            elif col[0] is not kind:
-                return None
-            col[1].extend(i + offset for i in idx)
-            col[2].extend(values)
-    return merged
 
 
 def _dumps(obj) -> bytes:
@@ -1160,25 +1139,17 @@ class RayEngine(EngineBase):
                           f"and reset envs {envs[0]}..{envs[-1]}: {rec.get('error')}", RuntimeWarning, stacklevel=4)
 
     def _join_reports(self, results: dict):
-        parts, records, flat = [], [], True
+        parts, records = [], []
         for k in sorted(results):
             columns, recs, _new = results[k]
             start = self.groups[k][0]
             if columns is not None:
                 parts.append((start, columns))
             else:
-                flat = False
                 records += [(start + j, step_info, reset_info) for j, step_info, reset_info in recs]
-        if flat:
-            if len(parts) == 1 and parts[0][0] == 0 and self.num_actors == 1:
-                return parts[0][1], None  # one actor: its columns are already global
-            merged = _merge_columns(parts)
-            if merged is not None:
-                return merged, None
-        for start, cols in parts:
-            records += [(start + i, info, r) for i, info, r in columns_to_records(cols)]
-        records.sort(key=lambda rec: rec[0])
-        return None, records
+        if not records and len(parts) == 1 and parts[0][0] == 0 and self.num_actors == 1:
+            return parts[0][1], None  # one actor: its columns are already global
+        return join_parts(parts, records)
 
     def _replace_actor(self, k: int, slot: int, exc: WorkerError) -> list:
         """Replace actor k by a fresh one (same node if it is still there), reset its envs
