@@ -290,6 +290,10 @@ cdef int _send_wake(int fd) except -1:
     return 0
 
 
+class DoorbellError(OSError):
+    """A worker's doorbell could not be rung (its socket is gone)."""
+
+
 cdef class Controller:
     """The parent's side of the doorbells: issue commands, wait for replies."""
     cdef long long *ctl
@@ -341,7 +345,20 @@ cdef class Controller:
             fv_store(&r[C_CMD_SEQ], self.expected[w])
         for w in range(self.n):
             if fv_load(&self.row(w)[C_SLEEPING]):
-                _send_wake(self.fds[w])
+                try:
+                    _send_wake(self.fds[w])
+                except PeerClosed:
+                    pass  # a dead worker: the wait that follows names it
+
+    def issue_all_wait(self, int cmd, int slot, int[::1] workers, double timeout):
+        """``issue_all`` then ``wait``, with nothing in between: a worker sharing the
+        parent's CPU gets it as soon as the parent starts waiting. A failed doorbell
+        raises ``DoorbellError``."""
+        try:
+            self.issue_all(cmd, slot)
+        except OSError as exc:
+            raise DoorbellError(*exc.args) from None
+        return self.wait(workers, timeout)
 
     cdef bint _done(self, int w) noexcept nogil:
         return fv_load(&self.row(w)[C_DONE_SEQ]) == self.expected[w]
@@ -449,6 +466,22 @@ cdef class Controller:
                     return 2, w
                 except ValueError:
                     return 3, w
+
+    def plain_step_replies(self, int slot):
+        """After a step every worker answered: the number of workers whose infos are in
+        the info table when every reply is a payload-less DONE for ``slot`` (nothing to
+        read off a socket), else -1 (the caller reads the replies one by one)."""
+        cdef int w, n_table = 0
+        cdef long long *r
+        for w in range(self.n):
+            r = self.row(w)
+            if self.stash[w] is not None or not self._done(w):
+                return -1
+            if r[C_REPLY] != _REPLY_DONE or r[C_REPLY_SLOT] != slot or r[C_REPLY_ARG] & ~_IN_TABLE:
+                return -1
+            if r[C_REPLY_ARG] & _IN_TABLE:
+                n_table += 1
+        return n_table
 
     def reply(self, int w):
         """The reply of worker w to its last command: (code, slot, arg, payload or None)."""
@@ -865,6 +898,22 @@ cdef class Stepper:
                     chan._publish(_REPLY_DONE, slot, _IN_TABLE)
             else:
                 chan.reply(_REPLY_DONE, slot, _dump_records(records))
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def mask_full(const cnp.uint16_t[:, ::1] mask, Py_ssize_t slot, int k):
+    """True if every env of ``slot`` set all of the first ``k`` info table columns."""
+    cdef Py_ssize_t i
+    cdef cnp.uint16_t full = <cnp.uint16_t>((1 << k) - 1)
+    if not 0 <= slot < mask.shape[0]:
+        raise IndexError(f"slot {slot} out of range")
+    if k <= 0 or k > _INFO_COLS:
+        return False
+    for i in range(mask.shape[1]):
+        if mask[slot, i] != full:
+            return False
+    return True
 
 
 # ---------------------------------------------------------------------------

@@ -75,9 +75,18 @@ class _LeafCheck:
                 hi = np.broadcast_to(np.asarray(self.high, dtype=np.float64), leaf.shape).reshape(m).copy()
             finite = np.concatenate([lo[np.isfinite(lo)], hi[np.isfinite(hi)]])
             if not (np.abs(finite) >= _EXACT).any():
-                self.fast = (num_envs, m, lo, hi)
+                # Integer spaces take float batches only through the checks below.
+                ok = frozenset(d for d in _FAST_DTYPES if not (self.integral and d.kind == "f"))
+                self.fast = (num_envs, m, lo, hi, ok)
 
     def check(self, value) -> np.ndarray:
+        fast = self.fast
+        # The usual batch first, in as few steps as possible: an ndarray of the right
+        # shape and a compiled-checkable dtype, in bounds.
+        if (fast is not None and type(value) is np.ndarray and value.shape == self.shape
+                and value.dtype in fast[4] and value.flags.c_contiguous
+                and E.in_bounds(value.reshape(fast[0], fast[1]), fast[2], fast[3])):
+            return value
         arr = _as_array(value, self.where)
         if arr.dtype.kind not in self.kinds:
             raise ValueError(
@@ -89,14 +98,12 @@ class _LeafCheck:
             raise ValueError(
                 f"{self.where} has shape {arr.shape}, expected {self.shape} (num_envs, *action_shape)"
             )
-        fast = self.fast
-        if (fast is not None and arr.dtype in _FAST_DTYPES and arr.flags.c_contiguous
-                and not (self.integral and arr.dtype.kind == "f")):
+        if (fast is not None and arr.dtype in fast[4] and arr.flags.c_contiguous
+                and E.in_bounds(arr.reshape(fast[0], fast[1]), fast[2], fast[3])):
             # In bounds as given implies in bounds in the space's dtype (rounding is
             # monotonic and the bounds are values of that dtype). Otherwise the numpy
             # path below decides and words the error.
-            if E.in_bounds(arr.reshape(fast[0], fast[1]), fast[2], fast[3]):
-                return arr
+            return arr
         if arr.dtype.kind == "f":
             if np.isnan(arr).any():
                 raise ValueError(f"{self.where} contains NaN")

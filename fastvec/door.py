@@ -65,6 +65,16 @@ class EngineDoor:
         self._slot = self._next_slot
         return self._slot, columns, records
 
+    def _step_report(self, actions):
+        """``_send_step`` and ``_receive_step`` in one go: ``(slot, columns, records)``."""
+        self._check_open()
+        if self.waiting:
+            raise RuntimeError("step() called while a step_async() is waiting for step_wait()")
+        slot = self._free_slot()
+        columns, records = self._engine.step_report(actions, slot)
+        self._slot = self._next_slot = slot
+        return slot, columns, records
+
     def _idle(self) -> None:
         """Before any other command: open, and no step left in flight."""
         self._check_open()

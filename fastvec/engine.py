@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 import cloudpickle
 import numpy as np
+from gymnasium import spaces
 
 from . import _engine as E
 from .actions import ActionWriter
@@ -44,6 +45,8 @@ _CLOSE_GRACE_S = 2.0
 # and spinning only while recent waits were short (an adaptive rule) lost to all.
 DEFAULT_SPIN_US = 200.0
 DEFAULT_MAIN_SPIN_US = 20.0
+# A worker's step report when its infos are in the shared info table.
+_TABLE_REPORT = ("table", None)
 
 
 def available_cores() -> int:
@@ -163,6 +166,8 @@ class EngineBase:
         self.rewards = arrays["rewards"]
         self.terminated = arrays["terminated"]
         self.truncated = arrays["truncated"]
+        # A plain (not Dict/Tuple) observation: one leaf, handed out without rebuilding.
+        self._flat_obs = n_obs == 1 and not isinstance(self.single_observation_space, (spaces.Dict, spaces.Tuple))
 
     def __enter__(self):
         return self
@@ -199,6 +204,11 @@ class EngineBase:
         self._check_step_slot(slot)
         self._start_step(slot)
 
+    def step_report(self, actions, slot: int, timeout: float | None = ...):
+        """``step_async`` then ``step_wait_report``: what a front door's ``step`` does."""
+        self.step_async(actions, slot)
+        return self.step_wait_report(timeout)
+
     def _check_step_slot(self, slot: int) -> None:
         self._check_usable()
         if not 0 <= slot < self.num_slots:
@@ -232,6 +242,9 @@ class EngineBase:
 
     def observation(self, slot: int, copy: bool):
         """What a front door returns: fresh arrays, or read-only views into the ring."""
+        if self._flat_obs:
+            arr = self.obs_bufs[0][slot]
+            return arr.copy() if copy else readonly_view(arr)
         return map_nested(np.copy if copy else readonly_view, self.obs_view(slot))
 
     def final_obs_of(self, slot: int, i: int):
@@ -372,6 +385,7 @@ class Engine(EngineBase):
         self._info_i = self._info_f.view(np.int64)
         self._info_mask = arrays["info_mask"]
         self._schemas: list[list] = [[] for _ in range(self.num_workers)]  # per worker: [(key, type, is_int)]
+        self._uniform_schema: list | None = None  # every worker's schema, when they agree
         self._ctl = E.Controller(arrays["ctl"], self._fds, self.main_spin_us)
         self._attach_payload = pickle.dumps(
             (segment.name, plan.entries, self.num_slots, obs_space, act_space, n_obs, n_act, self.spin_us)
@@ -438,7 +452,7 @@ class Engine(EngineBase):
         proc.close()
         self._spawn(w)
         self._ctl.forget(w)
-        self._schemas[w] = []
+        self._set_schema(w, [])
         replies = self._gather_raw([w], self._start_timeout, "restarting")
         self._check_spaces(replies[w], self.single_observation_space, self.single_action_space,
                            self.groups[w][0])
@@ -515,9 +529,10 @@ class Engine(EngineBase):
             raise exc
         return results
 
-    def _collect(self, workers, timeout, doing: str, slot: int | None = None):
+    def _collect(self, workers, timeout, doing: str, slot: int | None = None, ring: bool = False):
         """Wait for every worker in ``workers``; never stop at the first failure, so the
-        healthy workers' replies are consumed and they stay consistent.
+        healthy workers' replies are consumed and they stay consistent. ``ring``: first
+        ring every worker's doorbell for a step into ``slot``.
 
         Returns ``(results, failures)``: {w: payload object} and {w: (WorkerError, fatal)},
         fatal meaning the worker is dead, silent or garbling (not just an env that raised).
@@ -534,7 +549,14 @@ class Engine(EngineBase):
         try:
             while pending:
                 left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-                status, w = self._ctl.wait(first if first is not None else np.asarray(pending, dtype=np.intc), left)
+                if ring:
+                    ring = False
+                    try:
+                        status, w = self._ctl.issue_all_wait(E.CMD_STEP, slot, first, left)
+                    except E.DoorbellError as exc:
+                        raise self._fail(0, f"could not reach the workers: {exc}") from None
+                else:
+                    status, w = self._ctl.wait(first if first is not None else np.asarray(pending, dtype=np.intc), left)
                 first = None
                 if status == 0:
                     break
@@ -554,6 +576,13 @@ class Engine(EngineBase):
             # Replies still in flight would be mistaken for later ones: give up on this engine.
             self._broken = "interrupted while waiting for the workers"
             raise
+        if slot is not None and not failures and len(workers) == self.num_workers:
+            # The common step: payload-less DONEs, infos (if any) in the table.
+            n_table = self._ctl.plain_step_replies(slot)
+            if n_table == 0:
+                return dict.fromkeys(range(self.num_workers)), failures
+            if n_table == self.num_workers:
+                return dict.fromkeys(range(self.num_workers), _TABLE_REPORT), failures
         replies = {}
         for w in workers:
             w = int(w)
@@ -599,7 +628,7 @@ class Engine(EngineBase):
             if arg & E.IN_TABLE:
                 if cmd != E.REPLY_DONE or (obj is not None and not self._learn_schema(w, obj)):
                     raise self._fail(w, f"{self._worker_desc(w)} sent a malformed info table report while {doing}")
-                obj = ("table", None)
+                obj = _TABLE_REPORT
             results[w] = obj
         if error is not None:
             w, info = error
@@ -630,8 +659,13 @@ class Engine(EngineBase):
             if is_int is None or (k < len(self._schemas[w]) and self._schemas[w][k][:2] != entry):
                 return False
             schema.append((entry[0], entry[1], is_int))
-        self._schemas[w] = schema
+        self._set_schema(w, schema)
         return True
+
+    def _set_schema(self, w: int, schema: list) -> None:
+        self._schemas[w] = schema
+        first = self._schemas[0]
+        self._uniform_schema = first if all(s == first for s in self._schemas) else None
 
     def _table_columns(self, w: int, slot: int) -> dict:
         """Worker w's infos of ``slot`` from the info table, as columns with global
@@ -658,6 +692,13 @@ class Engine(EngineBase):
             raise self._fail(0, f"could not reach the workers: {exc}") from None
         self._pending_slot = slot
 
+    def step_report(self, actions, slot: int, timeout: float | None = ...):
+        # Everything before the doorbell, then one compiled call rings and waits.
+        self._check_step_slot(slot)
+        self._action_writer.write(self._action_writer.validate(actions), self.act_bufs, slot)
+        self._pending_slot = slot
+        return self._step_wait_report(timeout, ring=True)
+
     def step_wait_report(self, timeout: float | None = ...):
         """Like ``step_wait``, but returns ``(columns, records)``: exactly one is not None.
         ``columns`` (see ``fastvec.infos``) when every info of the step is a flat dict of
@@ -667,12 +708,16 @@ class Engine(EngineBase):
         an env that raised) is replaced and its envs reset; they report a truncated
         episode with ``info["fastvec_restarted"] = True`` and the step returns normally.
         """
+        return self._step_wait_report(timeout, ring=False)
+
+    def _step_wait_report(self, timeout, ring: bool):
+        """``ring``: the step's doorbells are still to be rung (by ``step_report``)."""
         if self._pending_slot is None:
             raise RuntimeError("step_wait() called without step_async()")
         slot, self._pending_slot = self._pending_slot, None
         if timeout is ...:
             timeout = self.step_timeout
-        results, failures = self._collect(range(self.num_workers), timeout, "stepping", slot=slot)
+        results, failures = self._collect(range(self.num_workers), timeout, "stepping", slot=slot, ring=ring)
         if failures and not self.restart_on_error:
             w, (exc, fatal) = next(iter(failures.items()))
             if fatal:
@@ -693,17 +738,18 @@ class Engine(EngineBase):
         """The common case in one go: every worker put its infos in the table, with the
         same columns, and every env reported every key. Columns ``{key: (type, None,
         values)}`` (None: all envs, in order) or None if the case does not apply."""
-        if len(results) != self.num_workers:
+        schema = self._uniform_schema
+        if schema is None or len(results) != self.num_workers:
             return None
-        schema = self._schemas[0]
         for w in range(self.num_workers):
-            report = results.get(w)
-            if report is None or report[0] != "table" or (w and self._schemas[w] != schema):
+            if results.get(w) is not _TABLE_REPORT:
                 return None
-        k = len(schema)
-        if not k or not (self._info_mask[slot] == (1 << k) - 1).all():
+        if not E.mask_full(self._info_mask, slot, len(schema)):
             return None
-        return {key: (kind, None, (self._info_i if is_int else self._info_f)[slot, :, c].copy())
+        # One copy of the slot's columns, then a row per key (exact int64/float64 bits).
+        block_i = self._info_i[slot, :, :len(schema)].T.copy()
+        block_f = block_i.view(np.float64)
+        return {key: (kind, None, block_i[c] if is_int else block_f[c])
                 for c, (key, kind, is_int) in enumerate(schema)}
 
     def _join_reports(self, results: dict, slot: int):
@@ -802,7 +848,7 @@ class Engine(EngineBase):
         for w, blob in blobs.items():
             try:
                 self._ctl.issue(w, cmd, slot, blob)
-            except OSError:
+            except (OSError, E.PeerClosed):
                 raise self._fail(w, self._death_message(w, "receiving a command")) from None
 
     # ------------------------------------------------------------------ views

@@ -96,10 +96,13 @@ def columns_to_vector_infos(columns: dict, num_envs: int) -> dict:
     """What gymnasium's ``VectorEnv._add_info`` builds from these infos, env by env: per
     key an array of ``kind`` with the values, and a ``_key`` boolean mask."""
     infos: dict = {}
+    everyone = None
     for key, (kind, idx, values) in columns.items():
         if idx is None:  # every env reported this key: values is an array of num_envs
+            if everyone is None:
+                everyone = np.ones(num_envs, dtype=np.bool_)
             infos[key] = values.astype(kind, copy=False)
-            infos[f"_{key}"] = np.ones(num_envs, dtype=np.bool_)
+            infos[f"_{key}"] = everyone.copy()
             continue
         array = np.zeros(num_envs, dtype=kind)
         array[idx] = values

@@ -127,12 +127,20 @@ class SubprocVecEnv(EngineDoor, _Base):
         return self._observation(slot)
 
     def step_async(self, actions: np.ndarray) -> None:
+        self._send_step(self._batched(actions))
+
+    def _batched(self, actions):
         if hasattr(self.action_space, "spaces") and not isinstance(actions, Mapping):
-            actions = _batch_per_env_actions(self.action_space, actions, self.num_envs)
-        self._send_step(actions)
+            return _batch_per_env_actions(self.action_space, actions, self.num_envs)
+        return actions
 
     def step_wait(self):
-        slot, columns, records = self._receive_step()
+        return self._step_result(*self._receive_step())
+
+    def step(self, actions: np.ndarray):
+        return self._step_result(*self._step_report(self._batched(actions)))
+
+    def _step_result(self, slot: int, columns, records):
         if columns is not None:
             records = columns_to_records(columns)
         eng = self._engine
@@ -151,10 +159,6 @@ class SubprocVecEnv(EngineDoor, _Base):
         for i in np.flatnonzero(dones).tolist():
             infos[i]["terminal_observation"] = eng.final_obs_of(slot, i)
         return self._observation(slot), rewards, dones, infos
-
-    def step(self, actions: np.ndarray):
-        self.step_async(actions)
-        return self.step_wait()
 
     # -------------------------------------------------------------- seeding
     def seed(self, seed: int | None = None) -> Sequence[int | None]:

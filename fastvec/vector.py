@@ -172,7 +172,12 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         self._send_step(actions)
 
     def step_wait(self, timeout: float | None = ...):
-        slot, columns, records = self._receive_step(timeout)
+        return self._step_result(*self._receive_step(timeout))
+
+    def step(self, actions):
+        return self._step_result(*self._step_report(actions))
+
+    def _step_result(self, slot: int, columns, records):
         eng = self._engine
         if columns is not None:
             infos = columns_to_vector_infos(columns, self.num_envs)
@@ -199,10 +204,6 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
             else:
                 infos = self._add_info(infos, step_info if step_info is not None else reset_info, i)
         return infos
-
-    def step(self, actions):
-        self.step_async(actions)
-        return self.step_wait()
 
     # -------------------------------------------------------------- env access
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:

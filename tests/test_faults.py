@@ -279,10 +279,13 @@ def leftovers(monkeypatch):
 
 
 # =========================================================================== SIGKILL
+@pytest.mark.parametrize("spin_us", [None, 0.0], ids=["spin", "sleep"])
 @pytest.mark.parametrize("step_timeout", [None, 30.0])
 @pytest.mark.parametrize("door", DOORS)
-def test_worker_sigkill_between_steps(door, step_timeout):
-    vec = make_vec(door, step_timeout=step_timeout)
+def test_worker_sigkill_between_steps(door, step_timeout, spin_us):
+    # spin_us=0: the victim sleeps on its socket, so the next step's doorbell is
+    # written to a dead peer; that must still name the dead worker.
+    vec = make_vec(door, step_timeout=step_timeout, **({} if spin_us is None else {"spin_us": spin_us}))
     pids = vec.worker_pids
     try:
         vec_reset(vec, door, seed=0)
@@ -299,6 +302,24 @@ def test_worker_sigkill_between_steps(door, step_timeout):
     finally:
         closed = close_checked(vec)
     assert closed.elapsed < 10.0
+    assert not wait_dead(pids, 5), "workers still alive after close()"
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_worker_sigkill_before_a_command(door):
+    # A sleeping worker killed between calls: the command's doorbell meets a dead peer.
+    vec = make_vec(door, spin_us=0.0)
+    pids = vec.worker_pids
+    try:
+        vec_reset(vec, door, seed=0)
+        vec_step(vec, door, ACTS[0])
+        os.kill(pids[VICTIM], signal.SIGKILL)
+        assert not wait_dead([pids[VICTIM]], 5)
+        out = guarded(lambda: vec_get(vec, "spec"), 20, vec, "get_attr after SIGKILL")
+        assert_worker_error(out.exc)
+        assert "killed by signal 9" in str(out.exc), str(out.exc)
+    finally:
+        close_checked(vec)
     assert not wait_dead(pids, 5), "workers still alive after close()"
 
 

@@ -478,6 +478,37 @@ def test_step_async_step_wait_and_reset_while_waiting():
         ref.close()
 
 
+class _AsyncPair:
+    """Steps through ``step_async`` + ``step_wait`` (``step`` itself takes a fused path)."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def reset(self, **kwargs):
+        return self.env.reset(**kwargs)
+
+    def step(self, actions):
+        self.env.step_async(actions)
+        return self.env.step_wait()
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+@pytest.mark.parametrize("env_name", ["dict_tuple", "random_end", "flat_info"])
+def test_lockstep_through_step_async_step_wait(env_name, mode):
+    env, ref = make_pair(ENV_MAKERS[env_name], 5, 2, mode)
+    try:
+        seen = run_lockstep(_AsyncPair(env), ref, 150, seed=3, mode=mode)
+        assert seen["ends"] > 0 or env_name == "dict_tuple"
+        # and step() after step_async() without step_wait() is refused, nothing lost
+        env.step_async(ref.action_space.sample())
+        with pytest.raises(RuntimeError, match="step_async"):
+            env.step(ref.action_space.sample())
+        env.step_wait()
+    finally:
+        env.close()
+        ref.close()
+
+
 def _closure_factory(p_end):
     def make():
         return RandomEndEnv(p_end=p_end)
