@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rounds (each measures every candidate once; default 5, --quick 2); "
                         "also the scaling sweep's rounds when given")
     p.add_argument("--steps", type=_positive, metavar="N",
-                   help="timed vector steps per measurement (default: per workload, 200-3000); the scaling "
+                   help="timed vector steps per measurement (default: per workload, 200-8000); the scaling "
                         "sweep then times about 16*N env steps per point")
     p.add_argument("--warmup", type=_nonneg, metavar="N", help="untimed steps before timing (default: ~10%% of steps)")
     p.add_argument("--no-peers", nargs="*", metavar="PEER", default=None,

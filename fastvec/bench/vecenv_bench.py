@@ -73,15 +73,15 @@ def default_workloads() -> dict[str, Workload]:
     return {
         w.key: w
         for w in [
-            Workload("cartpole16", "CartPole-v1, 16 envs", cartpole, 16, 3000, 300,
+            Workload("cartpole16", "CartPole-v1, 16 envs", cartpole, 16, 8000, 800,
                      envpool=("CartPole-v1", {}), target=1.2, target_vs_baselines=7.0, short="CartPole x16"),
-            Workload("cartpole64", "CartPole-v1, 64 envs", cartpole, 64, 600, 60,
+            Workload("cartpole64", "CartPole-v1, 64 envs", cartpole, 64, 2000, 200,
                      envpool=("CartPole-v1", {}), target=1.7, short="CartPole x64"),
             Workload("halfcheetah16", "HalfCheetah-v5, 16 envs", functools.partial(make_gym, "HalfCheetah-v5"),
-                     16, 400, 40, requires=("mujoco",), envpool=("HalfCheetah-v5", {}), target=1.8,
+                     16, 2000, 200, requires=("mujoco",), envpool=("HalfCheetah-v5", {}), target=1.8,
                      short="HalfCheetah x16"),
             Workload("pong8", "Pong (ALE/Pong-v5 + AtariPreprocessing + FrameStack 4), 8 envs", make_pong,
-                     8, 300, 30, requires=("ale_py",), envpool=("Pong-v5", _PONG_ENVPOOL), target=1.9,
+                     8, 1000, 100, requires=("ale_py",), envpool=("Pong-v5", _PONG_ENVPOOL), target=1.9,
                      short="Pong x8"),
             Workload("largeobs8", "LargeObs (1 MiB float32 obs, trivial dynamics), 8 envs",
                      functools.partial(make_large_obs, (256, 1024), "float32"), 8, 200, 20,
