@@ -79,13 +79,18 @@ class _LeafCheck:
                 ok = frozenset(d for d in _FAST_DTYPES if not (self.integral and d.kind == "f"))
                 self.fast = (num_envs, m, lo, hi, ok)
 
-    def check(self, value) -> np.ndarray:
+    def _fast_in_bounds(self, arr: np.ndarray) -> bool:
+        """The compiled bounds check, where it applies. In bounds as given implies in
+        bounds in the space's dtype (rounding is monotonic and the bounds are values of
+        that dtype). False also means "not decided": the numpy path decides and words
+        the error."""
         fast = self.fast
-        # The usual batch first, in as few steps as possible: an ndarray of the right
-        # shape and a compiled-checkable dtype, in bounds.
-        if (fast is not None and type(value) is np.ndarray and value.shape == self.shape
-                and value.dtype in fast[4] and value.flags.c_contiguous
-                and E.in_bounds(value.reshape(fast[0], fast[1]), fast[2], fast[3])):
+        return (fast is not None and arr.dtype in fast[4] and arr.flags.c_contiguous
+                and E.in_bounds(arr.reshape(fast[0], fast[1]), fast[2], fast[3]))
+
+    def check(self, value) -> np.ndarray:
+        # The usual batch first, in as few steps as possible.
+        if type(value) is np.ndarray and value.shape == self.shape and self._fast_in_bounds(value):
             return value
         arr = _as_array(value, self.where)
         if arr.dtype.kind not in self.kinds:
@@ -98,11 +103,7 @@ class _LeafCheck:
             raise ValueError(
                 f"{self.where} has shape {arr.shape}, expected {self.shape} (num_envs, *action_shape)"
             )
-        if (fast is not None and arr.dtype in fast[4] and arr.flags.c_contiguous
-                and E.in_bounds(arr.reshape(fast[0], fast[1]), fast[2], fast[3])):
-            # In bounds as given implies in bounds in the space's dtype (rounding is
-            # monotonic and the bounds are values of that dtype). Otherwise the numpy
-            # path below decides and words the error.
+        if self._fast_in_bounds(arr):
             return arr
         if arr.dtype.kind == "f":
             if np.isnan(arr).any():

@@ -194,10 +194,12 @@ class EngineBase:
 
     def step_async(self, actions, slot: int) -> None:
         """Write ``actions`` into ``slot`` and wake every worker."""
-        self._check_step_slot(slot)
-        arrays = self._action_writer.validate(actions)
-        self._action_writer.write(arrays, self.act_bufs, slot)
+        self._write_actions(actions, slot)
         self._start_step(slot)
+
+    def _write_actions(self, actions, slot: int) -> None:
+        self._check_step_slot(slot)
+        self._action_writer.write(self._action_writer.validate(actions), self.act_bufs, slot)
 
     def step_async_written(self, slot: int) -> None:
         """Wake the workers for actions already written into ``act_bufs[.][slot]``."""
@@ -694,8 +696,7 @@ class Engine(EngineBase):
 
     def step_report(self, actions, slot: int, timeout: float | None = ...):
         # Everything before the doorbell, then one compiled call rings and waits.
-        self._check_step_slot(slot)
-        self._action_writer.write(self._action_writer.validate(actions), self.act_bufs, slot)
+        self._write_actions(actions, slot)
         self._pending_slot = slot
         return self._step_wait_report(timeout, ring=True)
 
