@@ -67,6 +67,18 @@ def split_envs(num_envs: int, num_workers: int) -> list[tuple[int, int]]:
     return groups
 
 
+def pickle_payloads(targets: dict, what: str) -> dict:
+    """``{key: cloudpickled payload}``, all or nothing: a payload that cannot be pickled
+    raises ValueError before anything is sent, so no worker is left with a command."""
+    blobs = {}
+    for key, payload in targets.items():
+        try:
+            blobs[key] = cloudpickle.dumps(payload)
+        except Exception as exc:
+            raise ValueError(f"could not pickle the {what}: {exc}") from None
+    return blobs
+
+
 def check_env_fns(env_fns) -> list:
     """``env_fns`` as a non-empty list of callables, or ValueError."""
     if isinstance(env_fns, (str, bytes)) or not isinstance(env_fns, Sequence):
@@ -839,14 +851,7 @@ class Engine(EngineBase):
         return [next(cursor[int(self._env_worker[i])]) for i in indices]
 
     def _send_commands(self, cmd: int, slot: int, targets: dict) -> None:
-        # Pickle everything first: a failure must not leave some workers with a command.
-        blobs = {}
-        for w, payload in targets.items():
-            try:
-                blobs[w] = cloudpickle.dumps(payload)
-            except Exception as exc:
-                raise ValueError(f"could not pickle the arguments for the workers: {exc}") from None
-        for w, blob in blobs.items():
+        for w, blob in pickle_payloads(targets, "arguments for the workers").items():
             try:
                 self._ctl.issue(w, cmd, slot, blob)
             except (OSError, E.PeerClosed):

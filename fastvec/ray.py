@@ -65,7 +65,7 @@ except ImportError as _exc:  # pragma: no cover - exercised without Ray
 from gymnasium.vector import AutoresetMode
 
 from .actions import ActionWriter
-from .engine import EngineBase, check_env_fns
+from .engine import EngineBase, check_env_fns, pickle_payloads
 from .errors import WorkerError
 from .infos import columns_to_records, join_parts
 from .layout import SegmentPlan, leaves_of
@@ -1208,12 +1208,7 @@ class RayEngine(EngineBase):
         return infos
 
     def _reset_actors(self, slot: int, targets: dict, doing: str) -> dict:
-        blobs = {}
-        for k, kw in targets.items():
-            try:
-                blobs[k] = cloudpickle.dumps(kw)
-            except Exception as exc:
-                raise ValueError(f"could not pickle the reset arguments for the actors: {exc}") from None
+        blobs = pickle_payloads(targets, "reset arguments for the actors")
         refs = {k: self._actors[k].reset.remote(blob) for k, blob in blobs.items()}
         replies = self._gather(refs, self._outer_timeout(self.step_timeout), doing, raise_first=True)
         infos = {}
@@ -1237,13 +1232,10 @@ class RayEngine(EngineBase):
             idx, vals = targets.setdefault(k, ([], []))
             idx.append(i - self.groups[k][0])
             vals.append(None if values is None else values[n])
-        blobs = {}
-        for k, (idx, vals) in targets.items():
-            try:
-                blobs[k] = cloudpickle.dumps((kind, name, tuple(args), dict(kwargs or {}), idx,
-                                              None if values is None else vals))
-            except Exception as exc:
-                raise ValueError(f"could not pickle the arguments for the actors: {exc}") from None
+        blobs = pickle_payloads(
+            {k: (kind, name, tuple(args), dict(kwargs or {}), idx, None if values is None else vals)
+             for k, (idx, vals) in targets.items()},
+            "arguments for the actors")
         refs = {k: self._actors[k].call.remote(blob) for k, blob in blobs.items()}
         replies = self._gather(refs, self._outer_timeout(self.step_timeout), f"{kind}({name!r})",
                                raise_first=True)
