@@ -916,6 +916,58 @@ def mask_full(const cnp.uint16_t[:, ::1] mask, Py_ssize_t slot, int k):
     return True
 
 
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def table_vector_infos(const long long[:, :, ::1] info_i, const double[:, :, ::1] info_f,
+                       const cnp.uint16_t[:, ::1] mask, Py_ssize_t slot, list cols):
+    """gymnasium's vector infos for a step whose every env set every column of the info
+    table, built in one pass: ``{key: values, "_key": all-True mask, ...}`` in column
+    order, as ``fastvec.infos.columns_to_vector_infos`` builds them from the same table.
+    None when some env lacks some column (the caller takes the general path).
+
+    ``cols``: ``[(key, mask_key, is_int, dtype), ...]`` for columns 0, 1, ...; ``dtype``
+    (a numpy dtype) is what the values become, None to keep int64/float64 as stored.
+    Why compiled: on a busy 2-core machine the parent runs this with cold caches, once
+    per step, between the workers' reply and its own return; fewer objects, less time.
+    """
+    cdef Py_ssize_t i, n = mask.shape[1], k = len(cols), c
+    cdef cnp.uint16_t full
+    cdef cnp.ndarray row, ones = None
+    cdef long long[::1] ri
+    cdef double[::1] rf
+    if not 0 <= slot < mask.shape[0]:
+        raise IndexError(f"slot {slot} out of range")
+    if k == 0 or k > _INFO_COLS or k > info_i.shape[2] or info_i.shape[2] != info_f.shape[2]:
+        raise ValueError(f"{k} columns for an info table of {info_i.shape[2]}")
+    if info_i.shape[0] != mask.shape[0] or info_i.shape[1] != n \
+            or info_f.shape[0] != mask.shape[0] or info_f.shape[1] != n:
+        raise ValueError("info table and mask disagree in shape")
+    full = <cnp.uint16_t>((1 << k) - 1)
+    for i in range(n):
+        if mask[slot, i] != full:
+            return None
+    infos = {}
+    for c in range(k):
+        key, mask_key, is_int, dtype = cols[c]
+        if is_int:
+            row = np.empty(n, dtype=np.int64)
+            ri = row
+            for i in range(n):
+                ri[i] = info_i[slot, i, c]
+        else:
+            row = np.empty(n, dtype=np.float64)
+            rf = row
+            for i in range(n):
+                rf[i] = info_f[slot, i, c]
+        infos[key] = row if dtype is None else row.astype(dtype)
+        if ones is None:
+            ones = np.ones(n, dtype=np.bool_)
+            infos[mask_key] = ones
+        else:
+            infos[mask_key] = ones.copy()
+    return infos
+
 # ---------------------------------------------------------------------------
 # Action bounds: one typed pass over a batch, no temporaries. The Python side
 # (fastvec.actions) checks dtype and shape first and, when this says no, finds the

@@ -67,13 +67,24 @@ class EngineDoor:
 
     def _step_report(self, actions):
         """``_send_step`` and ``_receive_step`` in one go: ``(slot, columns, records)``."""
-        self._check_open()
-        if self.waiting:
-            raise RuntimeError("step() called while a step_async() is waiting for step_wait()")
-        slot = self._free_slot()
+        slot = self._step_slot()
         columns, records = self._engine.step_report(actions, slot)
         self._slot = self._next_slot = slot
         return slot, columns, records
+
+    def _step_vector(self, actions):
+        """``_step_report`` with gymnasium's infos when the engine built them:
+        ``(slot, infos, columns, records)`` (see ``Engine.step_vector``)."""
+        slot = self._step_slot()
+        infos, columns, records = self._engine.step_vector(actions, slot)
+        self._slot = self._next_slot = slot
+        return slot, infos, columns, records
+
+    def _step_slot(self) -> int:
+        self._check_open()
+        if self.waiting:
+            raise RuntimeError("step() called while a step_async() is waiting for step_wait()")
+        return self._free_slot()
 
     def _idle(self) -> None:
         """Before any other command: open, and no step left in flight."""

@@ -175,14 +175,16 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         return self._step_result(*self._receive_step(timeout))
 
     def step(self, actions):
-        return self._step_result(*self._step_report(actions))
+        slot, infos, columns, records = self._step_vector(actions)
+        return self._step_result(slot, columns, records, infos)
 
-    def _step_result(self, slot: int, columns, records):
+    def _step_result(self, slot: int, columns, records, infos=None):
         eng = self._engine
-        if columns is not None:
-            infos = columns_to_vector_infos(columns, self.num_envs)
-        else:
-            infos = self._merge_infos(records, slot, self.autoreset_mode == AutoresetMode.SAME_STEP)
+        if infos is None:  # else the engine built them
+            if columns is not None:
+                infos = columns_to_vector_infos(columns, self.num_envs)
+            else:
+                infos = self._merge_infos(records, slot, self.autoreset_mode == AutoresetMode.SAME_STEP)
         return (
             self._observation(slot),
             eng.rewards[slot].copy(),

@@ -374,6 +374,29 @@ class MisbehavingEnv(gym.Env):
         return obs, 1.0, False, False, info
 
 
+class SteadyInfoEnv(gym.Env):
+    """The same flat numeric info keys every step, of many types (an ALE or MuJoCo
+    env's shape of infos): the case the engine turns into gymnasium's infos in one
+    compiled pass. Episodes end at random times."""
+
+    observation_space = spaces.Box(-10.0, 10.0, (3,), np.float32)
+    action_space = spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self.np_random.normal(size=3).astype(np.float32), {}
+
+    def step(self, action):
+        self._t += 1
+        x = self.np_random.normal(size=3).astype(np.float32)
+        info = {"lives": int(self._t % 5), "x": float(x[0]), "flag": bool(x[1] > 0),
+                "f32": np.float32(x[2]), "f16": np.float16(x[1]), "i8": np.int8(-self._t % 100),
+                "u32": np.uint32(self._t * 7), "frame": np.int64(self._t)}
+        terminated = bool(self.np_random.random() < 0.05)
+        return x, float(action) - 1.0, terminated, self._t >= 30, info
+
+
 class FlatInfoEnv(gym.Env):
     """Infos that are flat dicts of numbers of many types (what MuJoCo and ALE return),
     the case fastvec sends as columns. Keys come and go, and now and then a key changes

@@ -86,3 +86,115 @@ def test_flat_infos_travel_in_the_shared_info_table():
     finally:
         env.close()
         ref.close()
+
+
+# -------------------------------------------- the compiled vector-info builder
+KINDS = [int, float, bool, np.float32, np.float16, np.float64, np.int8, np.int16, np.int32, np.int64,
+         np.uint8, np.uint16, np.uint32]
+
+
+def _table_of(values_by_col, kinds, n, slots=3, slot=1):
+    """An info table (float64 cells viewed as int64 where the column is int) holding
+    ``values_by_col[c][i]`` for env i in ``slot``, every bit of ``slot`` set."""
+    import fastvec._engine as E
+
+    info_f = np.full((slots, n, E.INFO_COLS), np.nan)
+    info_i = info_f.view(np.int64)
+    mask = np.zeros((slots, n), dtype=np.uint16)
+    for c, (kind, values) in enumerate(zip(kinds, values_by_col)):
+        for i, v in enumerate(values):
+            if E._table_kind(kind):
+                info_i[slot, i, c] = int(v)
+            else:
+                info_f[slot, i, c] = float(v)
+        mask[slot, :] |= 1 << c
+    return info_i, info_f, mask
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(KINDS), min_size=1, max_size=16), st.integers(1, 6), st.randoms())
+def test_compiled_vector_infos_equal_gymnasiums_merge(kinds, n, rnd):
+    """What the engine's fast step builds from the table is what gymnasium's
+    ``_add_info`` builds from the same infos, env by env: values, dtypes, key order."""
+    import fastvec._engine as E
+    from fastvec.engine import _vector_dtype
+
+    def draw(kind):
+        if kind is bool:
+            return rnd.random() < 0.5
+        if kind in (float, np.float64, np.float32, np.float16):
+            return kind(rnd.uniform(-1e3, 1e3))
+        info = np.iinfo(np.int64 if kind is int else kind)
+        return kind(rnd.randint(max(info.min, -(2**40)), min(info.max, 2**40)))
+
+    keys = [f"k{c}" for c in range(len(kinds))]
+    values = [[draw(kind) for _ in range(n)] for kind in kinds]
+    info_i, info_f, mask = _table_of(values, kinds, n)
+    cols = [(key, f"_{key}", E._table_kind(kind), _vector_dtype(kind, E._table_kind(kind)))
+            for key, kind in zip(keys, kinds)]
+    got = E.table_vector_infos(info_i, info_f, mask, 1, cols)
+    records = [(i, {key: values[c][i] for c, key in enumerate(keys)}, None) for i in range(n)]
+    want = _reference_merge(records, n)
+    assert list(got) == list(want)
+    assert_same(got, want)
+    # Each array is its own: writing into one leaves the others alone.
+    assert len({id(v) for v in got.values()}) == len(got)
+    assert not any(np.shares_memory(a, b) for a in got.values() for b in got.values() if a is not b)
+
+
+def test_compiled_vector_infos_decline_a_partial_table_and_check_their_input():
+    import fastvec._engine as E
+
+    info_i, info_f, mask = _table_of([[1, 2, 3], [0.5, 1.5, 2.5]], [int, float], 3)
+    cols = [("a", "_a", True, None), ("b", "_b", False, None)]
+    assert E.table_vector_infos(info_i, info_f, mask, 1, cols) is not None
+    mask[1, 2] &= ~np.uint16(2)  # env 2 did not report "b"
+    assert E.table_vector_infos(info_i, info_f, mask, 1, cols) is None
+    with pytest.raises(IndexError, match="slot 3 out of range"):
+        E.table_vector_infos(info_i, info_f, mask, 3, cols)
+    with pytest.raises(ValueError, match="columns"):
+        E.table_vector_infos(info_i, info_f, mask, 1, [])
+    with pytest.raises(ValueError, match="disagree"):
+        E.table_vector_infos(info_i, info_f, mask[:, :2].copy(), 1, cols)
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
+def test_steady_infos_take_the_compiled_path_and_equal_sync(mode, monkeypatch):
+    """Steady flat infos (every env, every key, every step): the gymnasium door's step
+    builds them in one compiled pass, and every step still equals SyncVectorEnv's."""
+    import gymnasium as gym
+    from gymnasium.vector import AutoresetMode
+
+    import fastvec
+    import fastvec._engine as E
+    from envs import SteadyInfoEnv
+
+    built = []
+    original = E.table_vector_infos
+
+    def counting(*args):
+        out = original(*args)
+        built.append(out is not None)
+        return out
+
+    monkeypatch.setattr(E, "table_vector_infos", counting)
+    autoreset = AutoresetMode(mode)
+    env = fastvec.AsyncVectorEnv([SteadyInfoEnv] * 5, num_workers=2, autoreset_mode=autoreset)
+    ref = gym.vector.SyncVectorEnv([SteadyInfoEnv] * 5, autoreset_mode=autoreset)
+    try:
+        got, want = env.reset(seed=11), ref.reset(seed=11)
+        assert_same(got, want)
+        done = np.zeros(5, dtype=bool)
+        for t in range(120):
+            actions = np.array([(t + i) % 3 for i in range(5)])
+            if mode == "Disabled" and done.any():
+                got = env.reset(options={"reset_mask": done})
+                want = ref.reset(options={"reset_mask": done})
+                assert_same(got, want)
+            got, want = env.step(actions), ref.step(actions)
+            assert_same(got, want)
+            done = want[2] | want[3]
+    finally:
+        env.close()
+        ref.close()
+    assert sum(built) > 20, f"the compiled path built infos in only {sum(built)} of 120 steps"
