@@ -917,39 +917,54 @@ def mask_full(const cnp.uint16_t[:, ::1] mask, Py_ssize_t slot, int k):
 
 
 
-@cython.boundscheck(False)
-@cython.wraparound(False)
-def table_vector_infos(const long long[:, :, ::1] info_i, const double[:, :, ::1] info_f,
-                       const cnp.uint16_t[:, ::1] mask, Py_ssize_t slot, list cols):
-    """gymnasium's vector infos for a step whose every env set every column of the info
-    table, built in one pass: ``{key: values, "_key": all-True mask, ...}`` in column
-    order, as ``fastvec.infos.columns_to_vector_infos`` builds them from the same table.
-    None when some env lacks some column (the caller takes the general path).
-
-    ``cols``: ``[(key, mask_key, is_int, dtype), ...]`` for columns 0, 1, ...; ``dtype``
-    (a numpy dtype) is what the values become, None to keep int64/float64 as stored.
-    Why compiled: on a busy 2-core machine the parent runs this with cold caches, once
-    per step, between the workers' reply and its own return; fewer objects, less time.
-    """
-    cdef Py_ssize_t i, n = mask.shape[1], k = len(cols), c
-    cdef cnp.uint16_t full
-    cdef cnp.ndarray row, ones = None
-    cdef long long[::1] ri
-    cdef double[::1] rf
+cdef int _check_table(const long long[:, :, ::1] info_i, const double[:, :, ::1] info_f,
+                      const cnp.uint16_t[:, ::1] mask, Py_ssize_t slot, Py_ssize_t k) except -1:
     if not 0 <= slot < mask.shape[0]:
         raise IndexError(f"slot {slot} out of range")
     if k == 0 or k > _INFO_COLS or k > info_i.shape[2] or info_i.shape[2] != info_f.shape[2]:
         raise ValueError(f"{k} columns for an info table of {info_i.shape[2]}")
-    if info_i.shape[0] != mask.shape[0] or info_i.shape[1] != n \
-            or info_f.shape[0] != mask.shape[0] or info_f.shape[1] != n:
+    if info_i.shape[0] != mask.shape[0] or info_i.shape[1] != mask.shape[1] \
+            or info_f.shape[0] != mask.shape[0] or info_f.shape[1] != mask.shape[1]:
         raise ValueError("info table and mask disagree in shape")
-    full = <cnp.uint16_t>((1 << k) - 1)
-    for i in range(n):
+    return 0
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef bint _table_full(const cnp.uint16_t[:, ::1] mask, Py_ssize_t slot, Py_ssize_t k) noexcept:
+    cdef Py_ssize_t i
+    cdef cnp.uint16_t full = <cnp.uint16_t>((1 << k) - 1)
+    for i in range(mask.shape[1]):
         if mask[slot, i] != full:
-            return None
+            return False
+    return True
+
+
+# The two builders below turn a step's info table into what a front door returns, for
+# the common step where every env set every column. Why compiled: the parent runs this
+# once per step with caches cold from the envs that just ran on its core, between the
+# workers' reply and its own return; fewer Python objects and frames, less time.
+# ``cols``: ``[(key, mask_key, is_int, dtype, kind), ...]`` for columns 0, 1, ...;
+# ``kind`` is the Python type the env gave, ``dtype`` what gymnasium's merge makes of it
+# (None: the table's own int64/float64).
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def table_vector_infos(const long long[:, :, ::1] info_i, const double[:, :, ::1] info_f,
+                       const cnp.uint16_t[:, ::1] mask, Py_ssize_t slot, list cols):
+    """gymnasium's vector infos ``{key: values, "_key": all-True mask, ...}`` in column
+    order, as ``fastvec.infos.columns_to_vector_infos`` builds them from the same table;
+    None when some env lacks some column (the caller takes the general path)."""
+    cdef Py_ssize_t i, n = mask.shape[1], k = len(cols), c
+    cdef cnp.ndarray row, ones = None
+    cdef long long[::1] ri
+    cdef double[::1] rf
+    _check_table(info_i, info_f, mask, slot, k)
+    if not _table_full(mask, slot, k):
+        return None
     infos = {}
     for c in range(k):
-        key, mask_key, is_int, dtype = cols[c]
+        key, mask_key, is_int, dtype, _kind = cols[c]
         if is_int:
             row = np.empty(n, dtype=np.int64)
             ri = row
@@ -967,6 +982,43 @@ def table_vector_infos(const long long[:, :, ::1] info_i, const double[:, :, ::1
         else:
             infos[mask_key] = ones.copy()
     return infos
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def table_env_infos(const long long[:, :, ::1] info_i, const double[:, :, ::1] info_f,
+                    const cnp.uint16_t[:, ::1] mask, Py_ssize_t slot, list cols):
+    """One info dict per env, ``{key: kind(value), ...}`` in column order: the values and
+    types the envs returned, as ``fastvec.infos.columns_to_records`` rebuilds them; None
+    when some env lacks some column."""
+    cdef Py_ssize_t i, n = mask.shape[1], k = len(cols), c
+    cdef list keys = [], kinds = [], out = []
+    cdef cnp.uint8_t[16] ints, how  # how: 0 the stored int/float itself, 1 bool, 2 kind(value)
+    cdef dict d
+    _check_table(info_i, info_f, mask, slot, k)
+    if not _table_full(mask, slot, k):
+        return None
+    for c in range(k):
+        key, _mask_key, is_int, _dtype, kind = cols[c]
+        keys.append(key)
+        kinds.append(kind)
+        ints[c] = 1 if is_int else 0
+        how[c] = 0 if (kind is int if is_int else kind is float) else (1 if kind is bool else 2)
+    for i in range(n):
+        d = {}
+        for c in range(k):
+            if ints[c]:  # two branches: one C expression would make both a double
+                value = info_i[slot, i, c]
+            else:
+                value = info_f[slot, i, c]
+            if how[c] == 1:
+                value = value != 0
+            elif how[c] == 2:
+                value = kinds[c](value)
+            d[keys[c]] = value
+        out.append(d)
+    return out
+
 
 # ---------------------------------------------------------------------------
 # Action bounds: one typed pass over a batch, no temporaries. The Python side

@@ -56,35 +56,27 @@ class EngineDoor:
         self.waiting = True
 
     def _receive_step(self, timeout=...):
-        """Wait for the step in flight: ``(slot, columns, records)``."""
+        """Wait for the step in flight: ``(slot, None, columns, records)``, the shape of
+        ``_step_built``'s answer."""
         self._check_open()
         if not self.waiting:
             raise RuntimeError("step_wait() called without step_async()")
         self.waiting = False
         columns, records = self._engine.step_wait_report(timeout)
         self._slot = self._next_slot
-        return self._slot, columns, records
+        return self._slot, None, columns, records
 
-    def _step_report(self, actions):
-        """``_send_step`` and ``_receive_step`` in one go: ``(slot, columns, records)``."""
-        slot = self._step_slot()
-        columns, records = self._engine.step_report(actions, slot)
-        self._slot = self._next_slot = slot
-        return slot, columns, records
-
-    def _step_vector(self, actions):
-        """``_step_report`` with gymnasium's infos when the engine built them:
-        ``(slot, infos, columns, records)`` (see ``Engine.step_vector``)."""
-        slot = self._step_slot()
-        infos, columns, records = self._engine.step_vector(actions, slot)
-        self._slot = self._next_slot = slot
-        return slot, infos, columns, records
-
-    def _step_slot(self) -> int:
+    def _step_built(self, actions, engine_step):
+        """``_send_step`` and ``_receive_step`` in one go, through ``engine_step`` (the
+        engine's ``step_vector`` or ``step_env_infos``): ``(slot, infos, columns,
+        records)``, ``infos`` built by the engine or else columns or records."""
         self._check_open()
         if self.waiting:
             raise RuntimeError("step() called while a step_async() is waiting for step_wait()")
-        return self._free_slot()
+        slot = self._free_slot()
+        infos, columns, records = engine_step(actions, slot)
+        self._slot = self._next_slot = slot
+        return slot, infos, columns, records
 
     def _idle(self) -> None:
         """Before any other command: open, and no step left in flight."""

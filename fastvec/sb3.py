@@ -138,18 +138,24 @@ class SubprocVecEnv(EngineDoor, _Base):
         return self._step_result(*self._receive_step())
 
     def step(self, actions: np.ndarray):
-        return self._step_result(*self._step_report(self._batched(actions)))
+        return self._step_result(*self._step_built(self._batched(actions), self._engine.step_env_infos))
 
-    def _step_result(self, slot: int, columns, records):
-        if columns is not None:
-            records = columns_to_records(columns)
+    def _step_result(self, slot: int, env_infos, columns, records):
         eng = self._engine
         term = eng.terminated[slot]
         trunc = eng.truncated[slot]
         dones = term | trunc
         rewards = eng.rewards[slot].astype(np.float32)
         time_limit = (trunc & ~term).tolist()
-        infos: list[dict] = [{"TimeLimit.truncated": v} for v in time_limit]
+        if env_infos is not None:  # built by the engine: the envs' own keys first
+            for info, v in zip(env_infos, time_limit):
+                info["TimeLimit.truncated"] = v
+            infos = env_infos
+            records = ()
+        else:
+            infos: list[dict] = [{"TimeLimit.truncated": v} for v in time_limit]
+            if columns is not None:
+                records = columns_to_records(columns)
         for i, step_info, reset_info in records:
             if step_info:  # the env's own keys first, as DummyVecEnv has them
                 step_info["TimeLimit.truncated"] = time_limit[i]

@@ -175,10 +175,9 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         return self._step_result(*self._receive_step(timeout))
 
     def step(self, actions):
-        slot, infos, columns, records = self._step_vector(actions)
-        return self._step_result(slot, columns, records, infos)
+        return self._step_result(*self._step_built(actions, self._engine.step_vector))
 
-    def _step_result(self, slot: int, columns, records, infos=None):
+    def _step_result(self, slot: int, infos, columns, records):
         eng = self._engine
         if infos is None:  # else the engine built them
             if columns is not None:

@@ -130,7 +130,7 @@ def test_compiled_vector_infos_equal_gymnasiums_merge(kinds, n, rnd):
     keys = [f"k{c}" for c in range(len(kinds))]
     values = [[draw(kind) for _ in range(n)] for kind in kinds]
     info_i, info_f, mask = _table_of(values, kinds, n)
-    cols = [(key, f"_{key}", E._table_kind(kind), _vector_dtype(kind, E._table_kind(kind)))
+    cols = [(key, f"_{key}", E._table_kind(kind), _vector_dtype(kind, E._table_kind(kind)), kind)
             for key, kind in zip(keys, kinds)]
     got = E.table_vector_infos(info_i, info_f, mask, 1, cols)
     records = [(i, {key: values[c][i] for c, key in enumerate(keys)}, None) for i in range(n)]
@@ -141,21 +141,32 @@ def test_compiled_vector_infos_equal_gymnasiums_merge(kinds, n, rnd):
     assert len({id(v) for v in got.values()}) == len(got)
     assert not any(np.shares_memory(a, b) for a in got.values() for b in got.values() if a is not b)
 
+    # Per env (SB3's door): the values and exact types each env returned, keys in order.
+    per_env = E.table_env_infos(info_i, info_f, mask, 1, cols)
+    assert len(per_env) == n
+    for (_, info, _), mine in zip(records, per_env):
+        assert list(mine) == list(info)
+        for key in info:
+            assert type(mine[key]) is type(info[key]), (key, type(mine[key]), type(info[key]))
+            assert mine[key] == info[key] or (mine[key] != mine[key] and info[key] != info[key])
 
-def test_compiled_vector_infos_decline_a_partial_table_and_check_their_input():
+
+def test_compiled_info_builders_decline_a_partial_table_and_check_their_input():
     import fastvec._engine as E
 
     info_i, info_f, mask = _table_of([[1, 2, 3], [0.5, 1.5, 2.5]], [int, float], 3)
-    cols = [("a", "_a", True, None), ("b", "_b", False, None)]
-    assert E.table_vector_infos(info_i, info_f, mask, 1, cols) is not None
-    mask[1, 2] &= ~np.uint16(2)  # env 2 did not report "b"
-    assert E.table_vector_infos(info_i, info_f, mask, 1, cols) is None
-    with pytest.raises(IndexError, match="slot 3 out of range"):
-        E.table_vector_infos(info_i, info_f, mask, 3, cols)
-    with pytest.raises(ValueError, match="columns"):
-        E.table_vector_infos(info_i, info_f, mask, 1, [])
-    with pytest.raises(ValueError, match="disagree"):
-        E.table_vector_infos(info_i, info_f, mask[:, :2].copy(), 1, cols)
+    cols = [("a", "_a", True, None, int), ("b", "_b", False, None, float)]
+    for build in (E.table_vector_infos, E.table_env_infos):
+        _, _, mask = _table_of([[1, 2, 3], [0.5, 1.5, 2.5]], [int, float], 3)
+        assert build(info_i, info_f, mask, 1, cols) is not None
+        mask[1, 2] &= ~np.uint16(2)  # env 2 did not report "b"
+        assert build(info_i, info_f, mask, 1, cols) is None
+        with pytest.raises(IndexError, match="slot 3 out of range"):
+            build(info_i, info_f, mask, 3, cols)
+        with pytest.raises(ValueError, match="columns"):
+            build(info_i, info_f, mask, 1, [])
+        with pytest.raises(ValueError, match="disagree"):
+            build(info_i, info_f, mask[:, :2].copy(), 1, cols)
 
 
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])

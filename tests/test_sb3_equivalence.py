@@ -16,7 +16,7 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 import fastvec
-from envs import DictTupleEnv, RandomEndEnv, FlatInfoEnv
+from envs import DictTupleEnv, RandomEndEnv, FlatInfoEnv, SteadyInfoEnv
 from helpers import assert_same, copy_nested, leaves
 
 LAYOUTS = [(3, 1), (5, 2), (4, 3)]
@@ -35,7 +35,8 @@ def make_random_end():
     return RandomEndEnv()
 
 
-ENV_MAKERS = {"cartpole": make_cartpole, "dict": make_dict, "random_end": make_random_end, "flat_info": FlatInfoEnv}
+ENV_MAKERS = {"cartpole": make_cartpole, "dict": make_dict, "random_end": make_random_end, "flat_info": FlatInfoEnv,
+              "steady_info": SteadyInfoEnv}
 
 
 def make_pair(maker, num_envs, num_workers=2, **kwargs):
@@ -327,3 +328,37 @@ def test_warnings_free_lockstep():
         finally:
             env.close()
             ref.close()
+
+
+def test_steady_infos_take_the_compiled_path_with_exact_types(monkeypatch):
+    """Steady flat infos: SB3's door builds each env's dict in one compiled pass, with
+    the very keys, order, values and Python/numpy types DummyVecEnv hands out."""
+    import fastvec._engine as E
+
+    built = []
+    original = E.table_env_infos
+
+    def counting(*args):
+        out = original(*args)
+        built.append(out is not None)
+        return out
+
+    monkeypatch.setattr(E, "table_env_infos", counting)
+    env, ref = make_pair(SteadyInfoEnv, 5, 2)
+    try:
+        env.seed(5)
+        ref.seed(5)
+        assert_same(env.reset(), ref.reset())
+        for t in range(100):
+            actions = np.array([(t * 7 + i) % 3 for i in range(5)])
+            got, want = env.step(actions), ref.step(actions)
+            compare_step(got, want, f"step {t}")
+            for mine, theirs in zip(got[3], want[3]):
+                assert list(mine) == list(theirs)
+                for key, value in theirs.items():
+                    if key != "terminal_observation":
+                        assert type(mine[key]) is type(value), (t, key, type(mine[key]), type(value))
+    finally:
+        env.close()
+        ref.close()
+    assert sum(built) > 20, f"the compiled path built infos in only {sum(built)} of 100 steps"
