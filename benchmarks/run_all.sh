@@ -2,7 +2,7 @@
 # Full benchmark run, results in benchmarks/results/:
 #  1. `fastvec bench`: env steps/s of fastvec against the peers on five workloads, the
 #     fastvec scaling sweep (num_envs x num_workers on CartPole) and the GAE benchmark
-#     -> results.md, results.json, ratios.png, scaling.png, latency.png (~10 min on 2 cores)
+#     -> results.md, results.json, ratios.png, scaling.png, latency.png (~15 min on 2 cores)
 #  2. benchmarks/bench_train.py: PPO time-to-solve against SB3 -> train.md, train.json
 #     (~10-20 min on 2 cores; SKIP_TRAIN=1 skips it)
 #  3. benchmarks/bench_ray.py: fastvec.ray beside the local engine -> ray.md, ray.json
@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/results}"
 
-fastvec bench --out "$OUT" --repeats 5 "$@"
+fastvec bench --out "$OUT" --repeats 7 "$@"
 
 if [[ "${SKIP_TRAIN:-0}" != 1 ]]; then
     python benchmarks/bench_train.py --out "$OUT"

@@ -1285,7 +1285,24 @@ def _ray_options(**kwargs) -> dict:
     return kwargs
 
 
-class AsyncVectorEnv(_GymDoor):
+class _RayDoor:
+    """What both Ray doors add to their local door: a ``RayEngine`` and its actors."""
+
+    _ray_options: dict
+
+    def _make_engine(self, env_fns, **kwargs) -> RayEngine:
+        kwargs.pop("num_workers", None)
+        return RayEngine(env_fns, **kwargs, **self._ray_options)
+
+    @property
+    def num_actors(self) -> int:
+        return self._engine.num_actors
+
+    def __repr__(self) -> str:
+        return f"fastvec.ray.{type(self).__name__}(num_envs={self.num_envs}, num_actors={self._engine.num_actors})"
+
+
+class AsyncVectorEnv(_RayDoor, _GymDoor):
     __doc__ = ("``fastvec.AsyncVectorEnv`` (a ``gymnasium.vector.VectorEnv``) whose envs run in "
                "Ray actors over a cluster.\n" + _RAY_DOC + "\n    Everything else: see "
                "``fastvec.AsyncVectorEnv``.\n")
@@ -1321,19 +1338,9 @@ class AsyncVectorEnv(_GymDoor):
                          context=context, num_slots=num_slots, restart_on_error=restart_on_error,
                          spin_us=spin_us, main_spin_us=main_spin_us)
 
-    def _make_engine(self, env_fns, **kwargs) -> RayEngine:
-        kwargs.pop("num_workers", None)
-        return RayEngine(env_fns, **kwargs, **self._ray_options)
-
-    @property
-    def num_actors(self) -> int:
-        return self._engine.num_actors
-
-    def __repr__(self) -> str:
-        return f"fastvec.ray.AsyncVectorEnv(num_envs={self.num_envs}, num_actors={self._engine.num_actors})"
 
 
-class SubprocVecEnv(_SB3Door):
+class SubprocVecEnv(_RayDoor, _SB3Door):
     __doc__ = ("``fastvec.SubprocVecEnv`` (Stable-Baselines3's ``VecEnv`` API) whose envs run "
                "in Ray actors over a cluster.\n" + _RAY_DOC + "\n    Everything else: see "
                "``fastvec.SubprocVecEnv``.\n")
@@ -1367,13 +1374,3 @@ class SubprocVecEnv(_SB3Door):
         super().__init__(env_fns, start_method, copy=copy, num_slots=num_slots, step_timeout=step_timeout,
                          restart_on_error=restart_on_error, spin_us=spin_us, main_spin_us=main_spin_us)
 
-    def _make_engine(self, env_fns, **kwargs) -> RayEngine:
-        kwargs.pop("num_workers", None)
-        return RayEngine(env_fns, **kwargs, **self._ray_options)
-
-    @property
-    def num_actors(self) -> int:
-        return self._engine.num_actors
-
-    def __repr__(self) -> str:
-        return f"fastvec.ray.SubprocVecEnv(num_envs={self.num_envs}, num_actors={self._engine.num_actors})"

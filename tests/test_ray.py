@@ -228,6 +228,7 @@ def test_cluster_is_loopback_only_and_actors_span_nodes(cluster):
     try:
         eng = env.engine
         assert env.num_actors == env.num_workers == 2
+        assert repr(env) == "fastvec.ray.AsyncVectorEnv(num_envs=6, num_actors=2)"
         assert eng.groups == [(0, 3), (3, 6)]
         nodes = [p["node_id"] for p in eng.placement]
         assert nodes == [cluster.head_id, cluster.other_id]  # one per node, the driver's first
@@ -475,6 +476,8 @@ def test_killed_actor_raises_worker_error(cluster, door, victim):
                  else fr.SubprocVecEnv(fns, num_actors=2, num_cpus_per_actor=0))
     try:
         env.reset(seed=1) if door == "gym" else env.reset()
+        name = "AsyncVectorEnv" if door == "gym" else "SubprocVecEnv"
+        assert repr(env) == f"fastvec.ray.{name}(num_envs=4, num_actors=2)" and env.num_actors == 2
         acts = np.zeros(4, np.int64)
         env.step(acts)
         pid = env.engine.placement[victim]["pid"]
