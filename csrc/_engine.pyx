@@ -851,9 +851,13 @@ cdef class Stepper:
                     if self.mode == _MODE_SAME_STEP:
                         self._write_obs(self.final_leaves, slot, i, obs)
                         obs, reset_info = env.reset()
-                        if records is None:
-                            records = []
-                        records.append((j, info, reset_info))
+                        # An end with empty infos on both sides sends nothing: the flags
+                        # and the final observation in the segment say it all, and the
+                        # step stays on the payload-less path (CartPole ends every ~20 steps).
+                        if not (type(info) is dict and not info and type(reset_info) is dict and not reset_info):
+                            if records is None:
+                                records = []
+                            records.append((j, info, reset_info))
                     else:
                         if self.mode == _MODE_NEXT_STEP:
                             self._needs_reset[j] = 1

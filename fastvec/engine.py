@@ -49,6 +49,20 @@ DEFAULT_MAIN_SPIN_US = 20.0
 _TABLE_REPORT = ("table", None)
 
 
+def with_quiet_ends(records: list, ended: np.ndarray) -> list:
+    """same_step: ``records`` plus ``(i, {}, {})`` for every env that ended its episode
+    without a record (its step and reset infos were both empty, so its worker sent
+    nothing), in env order."""
+    missing = np.flatnonzero(ended).tolist()
+    if not missing:
+        return records
+    have = {rec[0] for rec in records}
+    extra = [(i, {}, {}) for i in missing if i not in have]
+    if not extra:
+        return records
+    return sorted(list(records) + extra, key=lambda rec: rec[0])
+
+
 def _vector_dtype(kind, is_int: bool):
     """The dtype gymnasium's vector infos give a column of ``kind`` values, or None when
     it is the table's own int64/float64."""
@@ -253,7 +267,10 @@ class EngineBase:
         in env order.
         """
         columns, records = self.step_wait_report(timeout)
-        return records if columns is None else columns_to_records(columns)
+        records = records if columns is None else columns_to_records(columns)
+        if self.autoreset_mode == "same_step":
+            records = with_quiet_ends(records, self.terminated[self._last_slot] | self.truncated[self._last_slot])
+        return records
 
     def normalize_indices(self, indices) -> list[int]:
         if indices is None:

@@ -156,13 +156,16 @@ class SubprocVecEnv(EngineDoor, _Base):
             infos: list[dict] = [{"TimeLimit.truncated": v} for v in time_limit]
             if columns is not None:
                 records = columns_to_records(columns)
+        ended = np.flatnonzero(dones).tolist()
+        for i in ended:  # an auto-reset whose info was empty sent no record
+            self.reset_infos[i] = {}
         for i, step_info, reset_info in records:
             if step_info:  # the env's own keys first, as DummyVecEnv has them
                 step_info["TimeLimit.truncated"] = time_limit[i]
                 infos[i] = step_info
             if reset_info is not None:
                 self.reset_infos[i] = reset_info
-        for i in np.flatnonzero(dones).tolist():
+        for i in ended:
             infos[i]["terminal_observation"] = eng.final_obs_of(slot, i)
         return self._observation(slot), rewards, dones, infos
 

@@ -14,7 +14,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from .door import EngineDoor
-from .infos import columns_to_vector_infos
+from .engine import with_quiet_ends
+from .infos import columns_to_records, columns_to_vector_infos
 
 _MODES = {
     AutoresetMode.NEXT_STEP: "next_step",
@@ -179,11 +180,22 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
 
     def _step_result(self, slot: int, infos, columns, records):
         eng = self._engine
-        if infos is None:  # else the engine built them
+        same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
+        if same_step and (ended := eng.terminated[slot] | eng.truncated[slot]).any():
+            # Envs that ended with empty infos sent no record: their final_obs and
+            # (empty) final_info still belong in the infos, in env order.
+            if infos is not None:
+                if infos:  # table infos mean every env sent infos, so every end a record
+                    raise RuntimeError("fastvec: infos built from the table on a step with a quiet episode end")
+                records = []
+            elif columns is not None:
+                records = columns_to_records(columns)
+            infos = self._merge_infos(with_quiet_ends(records, ended), slot, True)
+        elif infos is None:  # else the engine built them
             if columns is not None:
                 infos = columns_to_vector_infos(columns, self.num_envs)
             else:
-                infos = self._merge_infos(records, slot, self.autoreset_mode == AutoresetMode.SAME_STEP)
+                infos = self._merge_infos(records, slot, same_step)
         return (
             self._observation(slot),
             eng.rewards[slot].copy(),

@@ -209,3 +209,29 @@ def test_steady_infos_take_the_compiled_path_and_equal_sync(mode, monkeypatch):
         env.close()
         ref.close()
     assert sum(built) > 20, f"the compiled path built infos in only {sum(built)} of 120 steps"
+
+
+def test_quiet_episode_ends_travel_without_a_payload_and_are_still_reported():
+    """same_step: an episode end whose step and reset infos are both empty (CartPole's)
+    sends no record, so the step stays payload-less; ``Engine.step_wait`` still lists it
+    as ``(i, {}, {})``, and both doors still equal their references (see the
+    equivalence suites, which step CartPole in every autoreset mode)."""
+    import gymnasium as gym
+
+    from fastvec.engine import Engine
+
+    eng = Engine([lambda: gym.make("CartPole-v1")] * 4, num_workers=2, autoreset_mode="same_step")
+    try:
+        eng.reset(0, {i: {"seed": i} for i in range(4)})
+        ends = 0
+        for t in range(200):
+            slot = (t + 1) % eng.num_slots
+            eng.step_async(np.array([t % 2, 1, 0, t % 3 % 2]), slot)
+            records = eng.step_wait()
+            ended = np.flatnonzero(eng.terminated[slot] | eng.truncated[slot]).tolist()
+            assert records == [(i, {}, {}) for i in ended]
+            assert eng._ctl.plain_step_replies(slot) == 0  # every reply payload-less, no table
+            ends += len(ended)
+        assert ends > 5
+    finally:
+        eng.close()
