@@ -27,7 +27,7 @@ from gymnasium import spaces
 from . import _engine as E
 from .actions import ActionWriter
 from .errors import ClosedError, WorkerError
-from .infos import columns_to_records, join_parts
+from .infos import columns_to_records, join_parts, with_quiet_ends
 from .layout import build_nested, leaves_of, map_nested, plan_segment, readonly_view
 from .shm import create_segment, release_segment
 from .worker import worker_main
@@ -47,20 +47,6 @@ DEFAULT_SPIN_US = 200.0
 DEFAULT_MAIN_SPIN_US = 20.0
 # A worker's step report when its infos are in the shared info table.
 _TABLE_REPORT = ("table", None)
-
-
-def with_quiet_ends(records: list, ended: np.ndarray) -> list:
-    """same_step: ``records`` plus ``(i, {}, {})`` for every env that ended its episode
-    without a record (its step and reset infos were both empty, so its worker sent
-    nothing), in env order."""
-    missing = np.flatnonzero(ended).tolist()
-    if not missing:
-        return records
-    have = {rec[0] for rec in records}
-    extra = [(i, {}, {}) for i in missing if i not in have]
-    if not extra:
-        return records
-    return sorted(list(records) + extra, key=lambda rec: rec[0])
 
 
 def _vector_dtype(kind, is_int: bool):

@@ -113,6 +113,20 @@ def columns_to_vector_infos(columns: dict, num_envs: int) -> dict:
     return infos
 
 
+def with_quiet_ends(records: list, ended: np.ndarray) -> list:
+    """same_step: ``records`` plus ``(i, {}, {})`` for every env that ended its episode
+    without a record (its step and reset infos were both empty, so its worker sent
+    nothing), in env order."""
+    missing = np.flatnonzero(ended).tolist()
+    if not missing:
+        return records
+    have = {rec[0] for rec in records}
+    extra = [(i, {}, {}) for i in missing if i not in have]
+    if not extra:
+        return records
+    return sorted(list(records) + extra, key=lambda rec: rec[0])
+
+
 def join_parts(parts: list[tuple[int, dict]], records: list) -> tuple:
     """A step's reports from several workers (or actors) -> ``(columns, None)`` when every
     part is columns of one type per key, else ``(None, records)`` in env order.

@@ -1339,7 +1339,6 @@ class AsyncVectorEnv(_RayDoor, _GymDoor):
                          spin_us=spin_us, main_spin_us=main_spin_us)
 
 
-
 class SubprocVecEnv(_RayDoor, _SB3Door):
     __doc__ = ("``fastvec.SubprocVecEnv`` (Stable-Baselines3's ``VecEnv`` API) whose envs run "
                "in Ray actors over a cluster.\n" + _RAY_DOC + "\n    Everything else: see "
@@ -1373,4 +1372,3 @@ class SubprocVecEnv(_RayDoor, _SB3Door):
             local_fast_path=local_fast_path, ray_init_kwargs=ray_init_kwargs)
         super().__init__(env_fns, start_method, copy=copy, num_slots=num_slots, step_timeout=step_timeout,
                          restart_on_error=restart_on_error, spin_us=spin_us, main_spin_us=main_spin_us)
-

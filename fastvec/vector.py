@@ -14,8 +14,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from .door import EngineDoor
-from .engine import with_quiet_ends
-from .infos import columns_to_records, columns_to_vector_infos
+from .infos import columns_to_records, columns_to_vector_infos, with_quiet_ends
 
 _MODES = {
     AutoresetMode.NEXT_STEP: "next_step",
