@@ -76,3 +76,20 @@ def leaves(value):
     if isinstance(value, tuple):
         return [x for v in value for x in leaves(v)]
     return [value]
+
+
+def count_builds(monkeypatch, name: str) -> list:
+    """Wrap the compiled info builder ``fastvec._engine.<name>``: the returned list gets
+    one bool per call, True when it built the infos (False: it declined)."""
+    import fastvec._engine as E
+
+    built: list = []
+    original = getattr(E, name)
+
+    def counting(*args):
+        out = original(*args)
+        built.append(out is not None)
+        return out
+
+    monkeypatch.setattr(E, name, counting)
+    return built

@@ -177,18 +177,10 @@ def test_steady_infos_take_the_compiled_path_and_equal_sync(mode, monkeypatch):
     from gymnasium.vector import AutoresetMode
 
     import fastvec
-    import fastvec._engine as E
     from envs import SteadyInfoEnv
+    from helpers import count_builds
 
-    built = []
-    original = E.table_vector_infos
-
-    def counting(*args):
-        out = original(*args)
-        built.append(out is not None)
-        return out
-
-    monkeypatch.setattr(E, "table_vector_infos", counting)
+    built = count_builds(monkeypatch, "table_vector_infos")
     autoreset = AutoresetMode(mode)
     env = fastvec.AsyncVectorEnv([SteadyInfoEnv] * 5, num_workers=2, autoreset_mode=autoreset)
     ref = gym.vector.SyncVectorEnv([SteadyInfoEnv] * 5, autoreset_mode=autoreset)

@@ -17,7 +17,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 import fastvec
 from envs import DictTupleEnv, RandomEndEnv, FlatInfoEnv, SteadyInfoEnv
-from helpers import assert_same, copy_nested, leaves
+from helpers import assert_same, copy_nested, count_builds, leaves
 
 LAYOUTS = [(3, 1), (5, 2), (4, 3)]
 
@@ -333,17 +333,7 @@ def test_warnings_free_lockstep():
 def test_steady_infos_take_the_compiled_path_with_exact_types(monkeypatch):
     """Steady flat infos: SB3's door builds each env's dict in one compiled pass, with
     the very keys, order, values and Python/numpy types DummyVecEnv hands out."""
-    import fastvec._engine as E
-
-    built = []
-    original = E.table_env_infos
-
-    def counting(*args):
-        out = original(*args)
-        built.append(out is not None)
-        return out
-
-    monkeypatch.setattr(E, "table_env_infos", counting)
+    built = count_builds(monkeypatch, "table_env_infos")
     env, ref = make_pair(SteadyInfoEnv, 5, 2)
     try:
         env.seed(5)
