@@ -570,11 +570,9 @@ class Engine(EngineBase):
             raise exc
         return results
 
-    def _collect(self, workers, timeout, doing: str, slot: int | None = None, ring: bool = False,
-                 waited: tuple | None = None):
+    def _collect(self, workers, timeout, doing: str, slot: int | None = None, waited: tuple | None = None):
         """Wait for every worker in ``workers``; never stop at the first failure, so the
-        healthy workers' replies are consumed and they stay consistent. ``ring``: first
-        ring every worker's doorbell for a step into ``slot``. ``waited``: the
+        healthy workers' replies are consumed and they stay consistent. ``waited``: the
         ``(status, worker)`` a first wait over every worker already returned.
 
         Returns ``(results, failures)``: {w: payload object} and {w: (WorkerError, fatal)},
@@ -595,12 +593,6 @@ class Engine(EngineBase):
                 if waited is not None:
                     status, w = waited
                     waited = None
-                elif ring:
-                    ring = False
-                    try:
-                        status, w = self._ctl.issue_all_wait(E.CMD_STEP, slot, first, left)
-                    except E.DoorbellError as exc:
-                        raise self._fail(0, f"could not reach the workers: {exc}") from None
                 else:
                     status, w = self._ctl.wait(first if first is not None else np.asarray(pending, dtype=np.intc), left)
                 first = None
@@ -739,10 +731,7 @@ class Engine(EngineBase):
         self._pending_slot = slot
 
     def step_report(self, actions, slot: int, timeout: float | None = ...):
-        # Everything before the doorbell, then one compiled call rings and waits.
-        self._write_actions(actions, slot)
-        self._pending_slot = slot
-        return self._step_wait_report(timeout, ring=True)
+        return self._step_table(actions, slot, timeout, per_env=None)[1:]
 
     def step_vector(self, actions, slot: int, timeout: float | None = ...):
         return self._step_table(actions, slot, timeout, per_env=False)
@@ -750,17 +739,20 @@ class Engine(EngineBase):
     def step_env_infos(self, actions, slot: int, timeout: float | None = ...):
         return self._step_table(actions, slot, timeout, per_env=True)
 
-    def _step_table(self, actions, slot: int, timeout, per_env: bool):
+    def _step_table(self, actions, slot: int, timeout, per_env: bool | None):
+        # One step, rung and waited for in one compiled call, so a worker sharing the
+        # parent's CPU gets it at once. ``per_env``: which infos to build on the common
+        # step (True: SB3's per-env dicts, False: gymnasium's arrays, None: none).
         # The common step with as little Python as possible on either side of the wait.
         # The parent runs it with caches cold from the envs that just ran on its core: on
         # Pong the layered path took ~55 us of a ~1.8 ms step, this one ~36 us.
-        self._check_step_slot(slot)
         fast = self._fast_action
         if (fast is not None and type(actions) is np.ndarray and actions.shape == fast.shape
                 and fast._fast_in_bounds(actions)):
+            self._check_step_slot(slot)
             self.act_bufs[0][slot] = actions
         else:  # anything else: the full checks, which word every error
-            self._action_writer.write(self._action_writer.validate(actions), self.act_bufs, slot)
+            self._write_actions(actions, slot)
         if timeout is ...:
             timeout = self.step_timeout
         try:
@@ -771,7 +763,7 @@ class Engine(EngineBase):
         except KeyboardInterrupt:
             self._broken = "interrupted while waiting for the workers"
             raise
-        if waited[0] == 0:
+        if waited[0] == 0 and per_env is not None:
             n_table = self._ctl.plain_step_replies(slot)
             if n_table == 0:  # no env had an info to report
                 self._last_slot = slot
@@ -785,7 +777,7 @@ class Engine(EngineBase):
         # Anything else (payloads, errors, a dead or silent worker): the general path,
         # starting from what this wait found.
         self._pending_slot = slot
-        return (None, *self._step_wait_report(timeout, ring=False, waited=waited))
+        return (None, *self._step_wait_report(timeout, waited=waited))
 
     def _table_cols(self) -> list | None:
         """The compiled info builders' column spec for the uniform schema, or None."""
@@ -807,17 +799,16 @@ class Engine(EngineBase):
         an env that raised) is replaced and its envs reset; they report a truncated
         episode with ``info["fastvec_restarted"] = True`` and the step returns normally.
         """
-        return self._step_wait_report(timeout, ring=False)
+        return self._step_wait_report(timeout)
 
-    def _step_wait_report(self, timeout, ring: bool, waited: tuple | None = None):
-        """``ring``: the step's doorbells are still to be rung (by ``step_report``).
-        ``waited``: what a first wait already returned (by ``step_vector``)."""
+    def _step_wait_report(self, timeout, waited: tuple | None = None):
+        """``waited``: what a first wait already returned (by ``_step_table``)."""
         if self._pending_slot is None:
             raise RuntimeError("step_wait() called without step_async()")
         slot, self._pending_slot = self._pending_slot, None
         if timeout is ...:
             timeout = self.step_timeout
-        results, failures = self._collect(range(self.num_workers), timeout, "stepping", slot=slot, ring=ring,
+        results, failures = self._collect(range(self.num_workers), timeout, "stepping", slot=slot,
                                           waited=waited)
         if failures and not self.restart_on_error:
             w, (exc, fatal) = next(iter(failures.items()))

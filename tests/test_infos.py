@@ -227,3 +227,32 @@ def test_quiet_episode_ends_travel_without_a_payload_and_are_still_reported():
         assert ends > 5
     finally:
         eng.close()
+
+
+def test_engine_step_report_equals_step_async_then_step_wait_report():
+    """``Engine.step_report`` (rung and waited for in one compiled call) answers what
+    ``step_async`` + ``step_wait_report`` answer, and bad actions raise before dispatch."""
+    from fastvec.engine import Engine
+    from envs import FlatInfoEnv
+
+    a = Engine([FlatInfoEnv] * 4, num_workers=2, autoreset_mode="next_step")
+    b = Engine([FlatInfoEnv] * 4, num_workers=2, autoreset_mode="next_step")
+    try:
+        for eng in (a, b):
+            eng.reset(0, {i: {"seed": 20 + i} for i in range(4)})
+        for t in range(60):
+            slot = (t + 1) % a.num_slots
+            actions = np.array([(t + i) % 3 for i in range(4)])
+            got = a.step_report(actions, slot)
+            b.step_async(actions, slot)
+            want = b.step_wait_report()
+            as_records = [r if c is None else columns_to_records(c) for c, r in (got, want)]
+            assert_same(as_records[0], as_records[1], f"step {t}")
+            for name in ("rewards", "terminated", "truncated"):
+                assert_same(getattr(a, name)[slot], getattr(b, name)[slot], f"step {t} {name}")
+        with pytest.raises(ValueError, match="out of range"):
+            a.step_report(np.array([0, 1, 2, 3]), 0)
+        a.step_report(np.array([0, 1, 2, 0]), 0)  # still usable
+    finally:
+        a.close()
+        b.close()
