@@ -43,7 +43,7 @@ mkdir -p "$RUN"
 cd "$RUN"   # outside the source tree: nothing named fastvec here or on sys.path
 
 step "import check from $RUN"
-FASTVEC_FILE=$("$VPY" -c "import fastvec, fastvec._engine, fastvec._gae; print(fastvec.__file__)")
+FASTVEC_FILE=$("$VPY" -c "import fastvec, fastvec._core.channel, fastvec._core.stepper, fastvec._gae; print(fastvec.__file__)")
 echo "fastvec imported from: $FASTVEC_FILE"
 case "$FASTVEC_FILE" in
     "$REPO"/*) echo "ERROR: fastvec was imported from the source tree" >&2; exit 1 ;;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build fastvec's sdist and wheel and check what they carry: the wheel holds every
-# compiled extension and no build leftovers, the sdist holds csrc/*.pyx and builds a
-# wheel of its own.
+# compiled extension and no build leftovers, the sdist holds csrc/**/*.pyx (and the .pxd
+# files they cimport) and builds a wheel of its own.
 #
 #   .ci/check_dist.sh [DIST_DIR]      (default: a temporary directory, removed after)
 #
@@ -64,11 +64,18 @@ for pkg in packages:
     if f"{pkg}/__init__.py" not in names:
         errors.append(f"package {pkg} missing")
 
-pyx = sorted(os.path.splitext(f)[0] for f in os.listdir(os.path.join(repo, "csrc")) if f.endswith(".pyx"))
+# csrc/ mirrors the package: csrc/fastvec/_core/channel.pyx -> fastvec/_core/channel.<abi>.so
+src = os.path.join(repo, "csrc")
+pyx = sorted(os.path.relpath(os.path.join(d, f), src).replace(os.sep, "/")[:-4]
+             for d, _dirs, files in os.walk(src) for f in files if f.endswith(".pyx"))
+pxd = sorted(os.path.relpath(os.path.join(d, f), src).replace(os.sep, "/")
+             for d, _dirs, files in os.walk(src) for f in files if f.endswith(".pxd"))
+if not pyx:
+    errors.append("no csrc/**/*.pyx in the source tree")
 if kind == "wheel":
-    for mod in pyx:  # csrc/NAME.pyx -> fastvec/NAME.<abi tag>.so (.pyd on Windows)
-        if not (has(f"fastvec/{mod}.*.so") or has(f"fastvec/{mod}.*.pyd") or has(f"fastvec/{mod}.so")):
-            errors.append(f"compiled extension fastvec/{mod}*.so missing")
+    for mod in pyx:  # (.pyd on Windows)
+        if not (has(f"{mod}.*.so") or has(f"{mod}.*.pyd") or has(f"{mod}.so")):
+            errors.append(f"compiled extension {mod}*.so missing")
     for n in names:
         if n.endswith((".so", ".pyd")) and not n.startswith("fastvec/"):
             errors.append(f"unexpected binary outside fastvec/: {n}")
@@ -77,7 +84,7 @@ if kind == "wheel":
         if n.split("/")[0] in ("tests", "benchmarks", "docs", "csrc"):
             errors.append(f"non-package file in wheel: {n}")
 else:
-    for must in ["setup.py", "pyproject.toml", "PKG-INFO"] + [f"csrc/{m}.pyx" for m in pyx]:
+    for must in ["setup.py", "pyproject.toml", "PKG-INFO"] + [f"csrc/{m}.pyx" for m in pyx] + [f"csrc/{m}" for m in pxd]:
         if must not in names:
             errors.append(f"{must} missing")
     for opt in ["README.md", "MANIFEST.in"]:

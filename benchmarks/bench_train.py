@@ -125,8 +125,9 @@ def child_sb3(env_id: str, seed: int, hp: dict, threshold: float, max_steps: int
 def child_fastvec(env_id: str, seed: int, overrides: list, threshold: float | None, venv_kind: str = "fastvec",
                   total_steps: int | None = None, zoo: bool = False) -> dict:
     _warm_torch()
-    from fastvec.ppo import PPOConfig, apply_overrides, train
-    from fastvec.presets import env_factory, preset_for
+    from fastvec.train import PPOConfig, apply_overrides
+    from fastvec.train.cli import run_training as train
+    from fastvec.train.presets import env_factory, preset_for
 
     cfg = apply_overrides(PPOConfig(), preset_for(env_id, zoo=zoo))
     cfg.seed = seed
@@ -164,9 +165,10 @@ def child_pong(num_envs: int, num_workers: int | None, steps: int, train_rollout
     _warm_torch()
     import torch
 
-    from fastvec.engine import Engine, available_cores
-    from fastvec.ppo import PPO, EngineBackend, PPOConfig, apply_overrides
-    from fastvec.presets import env_factory, preset_for
+    from fastvec.engine import IN_SLOT, Engine
+    from fastvec.options import available_cores
+    from fastvec.train import PPO, EngineStorage, PPOConfig, apply_overrides
+    from fastvec.train.presets import env_factory, preset_for
 
     env_id = "ALE/Pong-v5"
     cfg = apply_overrides(PPOConfig(), preset_for(env_id))
@@ -186,19 +188,20 @@ def child_pong(num_envs: int, num_workers: int | None, steps: int, train_rollout
         a = eng.act_bufs[0]
         for t in range(20):
             a[t % T + 1] = acts[t % T + 1]
-            eng.step_async_written(t % T + 1)
+            eng.step_async(IN_SLOT, t % T + 1)
             eng.step_wait()
         t0 = time.perf_counter()
         n = 0
         while n < steps:
             for t in range(T):
                 a[t + 1] = acts[t + 1]
-                eng.step_async_written(t + 1)
+                eng.step_async(IN_SLOT, t + 1)
                 eng.step_wait()
             n += T * num_envs
         out["random_sps"] = n / (time.perf_counter() - t0)
     # 2. the training loop (collect + prepare + update), and collection alone
-    backend = EngineBackend(fns, T + 1, workers, cfg.context, cfg.spin_us)
+    backend = EngineStorage(Engine(fns, num_workers=workers, num_slots=T + 1, autoreset_mode="same_step",
+                                   context=cfg.context, spin_us=cfg.spin_us))
     try:
         ppo = PPO(cfg, backend, torch.device(cfg.device if cfg.device != "auto" else
                                               ("cuda" if torch.cuda.is_available() else "cpu")))

@@ -17,8 +17,8 @@ __version__ = "0.1.0"
 # Imported on first use: SubprocVecEnv pulls in SB3 (and so torch) when it is installed.
 _LAZY = {
     "Engine": ("fastvec.engine", "Engine"),
-    "AsyncVectorEnv": ("fastvec.vector", "AsyncVectorEnv"),
-    "SubprocVecEnv": ("fastvec.sb3", "SubprocVecEnv"),
+    "AsyncVectorEnv": ("fastvec.doors.gymnasium", "AsyncVectorEnv"),
+    "SubprocVecEnv": ("fastvec.doors.sb3", "SubprocVecEnv"),
 }
 
 __all__ = ["WorkerError", "ClosedError", "gae", "gae_from_dones", *_LAZY]

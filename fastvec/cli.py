@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 
 _COMMANDS = {
-    "train": ("fastvec.train_cli", "Train PPO on a gymnasium env with fastvec."),
-    "eval": ("fastvec.train_cli", "Evaluate a checkpoint written by `fastvec train`."),
+    "train": ("fastvec.train.cli", "Train PPO on a gymnasium env with fastvec."),
+    "eval": ("fastvec.train.cli", "Evaluate a checkpoint written by `fastvec train`."),
     "bench": ("fastvec.bench.cli", "Run the microbenchmarks against the peers."),
 }
 

@@ -17,7 +17,7 @@ from numbers import Real
 
 import numpy as np
 
-from fastvec import _gae
+from ._gae import gae_dones_kernel, gae_kernel
 
 __all__ = ["gae", "gae_from_dones"]
 
@@ -282,7 +282,7 @@ def gae(rewards, values, next_values, terminated, truncated, gamma, lam, *, out=
         (("rewards", rewards), ("values", values), ("next_values", next_values),
          ("terminated", terminated), ("truncated", truncated)) if out is not None else (),
     )
-    _gae.gae_kernel(rewards, values, next_values, terminated, truncated, gamma, lam, adv_k, ret_k)
+    gae_kernel(rewards, values, next_values, terminated, truncated, gamma, lam, adv_k, ret_k)
     return _finish(adv, ret, adv_k, ret_k)
 
 
@@ -361,5 +361,5 @@ def gae_from_dones(rewards, values, dones, last_value, last_done, gamma, lam, *,
         (("rewards", rewards), ("values", values), ("dones", dones),
          ("last_value", last_value), ("last_done", last_done)) if out is not None else (),
     )
-    _gae.gae_dones_kernel(rewards, values, dones, last_value, last_done, gamma, lam, adv_k, ret_k)
+    gae_dones_kernel(rewards, values, dones, last_value, last_done, gamma, lam, adv_k, ret_k)
     return _finish(adv, ret, adv_k, ret_k)

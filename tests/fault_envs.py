@@ -27,7 +27,7 @@ import time
 import gymnasium as gym
 
 HEADER = struct.Struct("<4i")  # fastvec's control header: cmd, slot, arg, payload length
-REPLY_DONE = 16  # fastvec._engine.REPLY_DONE
+REPLY_DONE = 16  # fastvec._core.protocol.REPLY_DONE
 
 GARBAGE = {
     # A reply header whose payload length is absurd (2 GiB - 1).

@@ -79,9 +79,13 @@ def leaves(value):
 
 
 def count_builds(monkeypatch, name: str) -> list:
-    """Wrap the compiled info builder ``fastvec._engine.<name>``: the returned list gets
-    one bool per call, True when it built the infos (False: it declined)."""
-    import fastvec._engine as E
+    """Wrap a door's compiled info builder (``table_vector_infos`` of the gymnasium door,
+    ``table_env_infos`` of the SB3 door): the returned list gets one bool per call, True
+    when it built the infos (False: it declined)."""
+    import importlib
+
+    E = importlib.import_module({"table_vector_infos": "fastvec.doors._gym_infos",
+                                 "table_env_infos": "fastvec.doors._sb3_infos"}[name])
 
     built: list = []
     original = getattr(E, name)

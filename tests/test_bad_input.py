@@ -474,7 +474,7 @@ def test_info_that_cannot_be_pickled_raises_worker_error():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from fastvec.actions import ActionWriter  # noqa: E402
+from fastvec._core.actions import ActionWriter  # noqa: E402
 
 _BOUNDS_SPACES = [
     gym.spaces.Box(-1.0, 1.0, (3,), np.float32),

@@ -1,4 +1,4 @@
-"""fastvec.infos: the column encoding of flat numeric infos is exact, and falls back to
+"""fastvec._core.infos: the column encoding of flat numeric infos is exact, and falls back to
 records whenever it could not be."""
 import numpy as np
 import pytest
@@ -6,7 +6,8 @@ from gymnasium.vector import VectorEnv
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastvec.infos import columns_to_records, columns_to_vector_infos, encode_columns, merge_columns
+from fastvec._core.infos import columns_to_records, encode_columns, merge_columns
+from fastvec.doors.gymnasium import columns_to_vector_infos
 from helpers import assert_same
 
 SCALARS = st.one_of(
@@ -80,7 +81,7 @@ def test_flat_infos_travel_in_the_shared_info_table():
             actions = np.array([t % 3] * 4)
             got, want = env.step(actions), ref.step(actions)
             assert_same(got[4], want[4])
-        keys = [[key for key, _kind, _is_int in schema] for schema in env.engine._schemas]
+        keys = [[key for key, _kind, _is_int in schema] for schema in env.engine._table.schemas]
         for worker_keys in keys:
             assert {"x_position", "lives", "reward_ctrl", "frame", "f16", "u32", "i8"} <= set(worker_keys)
     finally:
@@ -96,14 +97,15 @@ KINDS = [int, float, bool, np.float32, np.float16, np.float64, np.int8, np.int16
 def _table_of(values_by_col, kinds, n, slots=3, slot=1):
     """An info table (float64 cells viewed as int64 where the column is int) holding
     ``values_by_col[c][i]`` for env i in ``slot``, every bit of ``slot`` set."""
-    import fastvec._engine as E
+    from fastvec._core.infos import table_kind
+    from fastvec._core.protocol import INFO_COLS
 
-    info_f = np.full((slots, n, E.INFO_COLS), np.nan)
+    info_f = np.full((slots, n, INFO_COLS), np.nan)
     info_i = info_f.view(np.int64)
     mask = np.zeros((slots, n), dtype=np.uint16)
     for c, (kind, values) in enumerate(zip(kinds, values_by_col)):
         for i, v in enumerate(values):
-            if E._table_kind(kind):
+            if table_kind(kind):
                 info_i[slot, i, c] = int(v)
             else:
                 info_f[slot, i, c] = float(v)
@@ -116,8 +118,10 @@ def _table_of(values_by_col, kinds, n, slots=3, slot=1):
 def test_compiled_vector_infos_equal_gymnasiums_merge(kinds, n, rnd):
     """What the engine's fast step builds from the table is what gymnasium's
     ``_add_info`` builds from the same infos, env by env: values, dtypes, key order."""
-    import fastvec._engine as E
-    from fastvec.engine import _vector_dtype
+    from fastvec._core.infos import table_kind
+    from fastvec.doors._gym_infos import table_vector_infos
+    from fastvec.doors._sb3_infos import table_env_infos
+    from fastvec.doors.gymnasium import vector_dtype
 
     def draw(kind):
         if kind is bool:
@@ -130,9 +134,9 @@ def test_compiled_vector_infos_equal_gymnasiums_merge(kinds, n, rnd):
     keys = [f"k{c}" for c in range(len(kinds))]
     values = [[draw(kind) for _ in range(n)] for kind in kinds]
     info_i, info_f, mask = _table_of(values, kinds, n)
-    cols = [(key, f"_{key}", E._table_kind(kind), _vector_dtype(kind, E._table_kind(kind)), kind)
+    cols = [(key, f"_{key}", table_kind(kind), vector_dtype(kind, table_kind(kind)), kind)
             for key, kind in zip(keys, kinds)]
-    got = E.table_vector_infos(info_i, info_f, mask, 1, cols)
+    got = table_vector_infos(info_i, info_f, mask, 1, cols)
     records = [(i, {key: values[c][i] for c, key in enumerate(keys)}, None) for i in range(n)]
     want = _reference_merge(records, n)
     assert list(got) == list(want)
@@ -142,7 +146,7 @@ def test_compiled_vector_infos_equal_gymnasiums_merge(kinds, n, rnd):
     assert not any(np.shares_memory(a, b) for a in got.values() for b in got.values() if a is not b)
 
     # Per env (SB3's door): the values and exact types each env returned, keys in order.
-    per_env = E.table_env_infos(info_i, info_f, mask, 1, cols)
+    per_env = table_env_infos(info_i, info_f, mask, 1, cols)
     assert len(per_env) == n
     for (_, info, _), mine in zip(records, per_env):
         assert list(mine) == list(info)
@@ -152,11 +156,12 @@ def test_compiled_vector_infos_equal_gymnasiums_merge(kinds, n, rnd):
 
 
 def test_compiled_info_builders_decline_a_partial_table_and_check_their_input():
-    import fastvec._engine as E
+    from fastvec.doors._gym_infos import table_vector_infos
+    from fastvec.doors._sb3_infos import table_env_infos
 
     info_i, info_f, mask = _table_of([[1, 2, 3], [0.5, 1.5, 2.5]], [int, float], 3)
     cols = [("a", "_a", True, None, int), ("b", "_b", False, None, float)]
-    for build in (E.table_vector_infos, E.table_env_infos):
+    for build in (table_vector_infos, table_env_infos):
         _, _, mask = _table_of([[1, 2, 3], [0.5, 1.5, 2.5]], [int, float], 3)
         assert build(info_i, info_f, mask, 1, cols) is not None
         mask[1, 2] &= ~np.uint16(2)  # env 2 did not report "b"
@@ -205,7 +210,7 @@ def test_steady_infos_take_the_compiled_path_and_equal_sync(mode, monkeypatch):
 
 def test_quiet_episode_ends_travel_without_a_payload_and_are_still_reported():
     """same_step: an episode end whose step and reset infos are both empty (CartPole's)
-    sends no record, so the step stays payload-less; ``Engine.step_wait`` still lists it
+    sends no record, so the step stays payload-less; ``StepResult.env_records`` still lists it
     as ``(i, {}, {})``, and both doors still equal their references (see the
     equivalence suites, which step CartPole in every autoreset mode)."""
     import gymnasium as gym
@@ -219,7 +224,7 @@ def test_quiet_episode_ends_travel_without_a_payload_and_are_still_reported():
         for t in range(200):
             slot = (t + 1) % eng.num_slots
             eng.step_async(np.array([t % 2, 1, 0, t % 3 % 2]), slot)
-            records = eng.step_wait()
+            records = eng.step_wait().env_records()
             ended = np.flatnonzero(eng.terminated[slot] | eng.truncated[slot]).tolist()
             assert records == [(i, {}, {}) for i in ended]
             assert eng._ctl.plain_step_replies(slot) == 0  # every reply payload-less, no table
@@ -229,9 +234,9 @@ def test_quiet_episode_ends_travel_without_a_payload_and_are_still_reported():
         eng.close()
 
 
-def test_engine_step_report_equals_step_async_then_step_wait_report():
-    """``Engine.step_report`` (rung and waited for in one compiled call) answers what
-    ``step_async`` + ``step_wait_report`` answer, and bad actions raise before dispatch."""
+def test_engine_step_equals_step_async_then_step_wait():
+    """``Engine.step`` (rung and waited for in one compiled call) answers what
+    ``step_async`` + ``step_wait`` answer, and bad actions raise before dispatch."""
     from fastvec.engine import Engine
     from envs import FlatInfoEnv
 
@@ -243,16 +248,16 @@ def test_engine_step_report_equals_step_async_then_step_wait_report():
         for t in range(60):
             slot = (t + 1) % a.num_slots
             actions = np.array([(t + i) % 3 for i in range(4)])
-            got = a.step_report(actions, slot)
+            got = a.step(actions, slot)
             b.step_async(actions, slot)
-            want = b.step_wait_report()
-            as_records = [r if c is None else columns_to_records(c) for c, r in (got, want)]
-            assert_same(as_records[0], as_records[1], f"step {t}")
+            want = b.step_wait()
+            assert got.slot == want.slot == slot
+            assert_same(got.as_records(), want.as_records(), f"step {t}")
             for name in ("rewards", "terminated", "truncated"):
                 assert_same(getattr(a, name)[slot], getattr(b, name)[slot], f"step {t} {name}")
         with pytest.raises(ValueError, match="out of range"):
-            a.step_report(np.array([0, 1, 2, 3]), 0)
-        a.step_report(np.array([0, 1, 2, 0]), 0)  # still usable
+            a.step(np.array([0, 1, 2, 3]), 0)
+        a.step(np.array([0, 1, 2, 0]), 0)  # still usable
     finally:
         a.close()
         b.close()

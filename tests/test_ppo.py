@@ -12,20 +12,20 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastvec.policies import CategoricalDist, GaussianDist, make_policy
-from fastvec.ppo import (
-    PPO,
-    ConfigError,
-    EngineBackend,
-    PPOConfig,
-    apply_overrides,
-    load_checkpoint,
-    train,
-)
-from fastvec.presets import env_factory, preset_for
-from fastvec.train_cli import main as cli_main
+from fastvec.engine import Engine
+from fastvec.train import PPO, ConfigError, EngineStorage, PPOConfig, apply_overrides, load_checkpoint
+from fastvec.train.cli import main as cli_main
+from fastvec.train.cli import run_training as train
+from fastvec.train.policies import CategoricalDist, GaussianDist, make_policy
+from fastvec.train.presets import env_factory, preset_for
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def engine_storage(env_fns, num_slots, num_workers):
+    """The trainer's zero-copy storage over a forked engine, as ``fastvec train`` builds it."""
+    return EngineStorage(Engine(env_fns, num_workers=num_workers, num_slots=num_slots,
+                                autoreset_mode="same_step", context="fork"))
 
 
 # =============================================================================== policies
@@ -234,7 +234,7 @@ def test_gae_wiring_on_the_engine_with_time_limits():
     built from the engine's own buffers."""
     T, N = 16, 4
     cfg = PPOConfig(num_envs=N, n_steps=T, num_workers=1, gamma=0.97, gae_lambda=0.9, device="cpu")
-    backend = EngineBackend([env_factory("CartPole-v1", {"max_episode_steps": 7})] * N, T + 1, 1, "fork")
+    backend = engine_storage([env_factory("CartPole-v1", {"max_episode_steps": 7})] * N, T + 1, 1)
     try:
         ppo = PPO(cfg, backend, torch.device("cpu"))
         backend.reset(0)
@@ -260,7 +260,7 @@ def test_gae_wiring_on_the_engine_with_time_limits():
 def test_rollout_tensors_share_memory_with_the_engine():
     T, N = 8, 4
     cfg = PPOConfig(num_envs=N, n_steps=T, num_workers=2, device="cpu")
-    backend = EngineBackend([env_factory("CartPole-v1")] * N, T + 1, 2, "fork")
+    backend = engine_storage([env_factory("CartPole-v1")] * N, T + 1, 2)
     try:
         eng = backend.engine
         ppo = PPO(cfg, backend, torch.device("cpu"))
@@ -444,10 +444,10 @@ def test_continuous_control_short_run():
 # =============================================================================== CUDA
 @cuda
 def test_cuda_pins_engine_buffers_and_trains():
-    from fastvec.ppo import HostPin
+    from fastvec.train import HostPin
 
     T, N = 8, 4
-    backend = EngineBackend([env_factory("CartPole-v1")] * N, T + 1, 1, "fork")
+    backend = engine_storage([env_factory("CartPole-v1")] * N, T + 1, 1)
     pin = HostPin(backend.arrays())
     try:
         assert pin.pinned
@@ -532,7 +532,7 @@ def test_vec_env_without_final_observations_is_refused():
 
 
 def test_flat_adam_matches_torch_adam():
-    from fastvec.ppo import FlatAdam, flatten_parameters
+    from fastvec.train.ppo import FlatAdam, flatten_parameters
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))

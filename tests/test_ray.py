@@ -45,6 +45,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 import fastvec  # noqa: E402
 import fastvec.ray as fr  # noqa: E402
+from fastvec.ray.placement import split_weighted  # noqa: E402
 from fastvec import WorkerError  # noqa: E402
 
 import conftest  # noqa: E402
@@ -278,12 +279,12 @@ def test_actors_per_node_and_envs_per_actor(cluster):
 
 
 def test_split_weighted():
-    assert fr.split_weighted(10, [2, 2]) == [(0, 5), (5, 10)]
-    assert fr.split_weighted(10, [4, 1]) == [(0, 8), (8, 10)]
-    assert fr.split_weighted(3, [100, 1, 1]) == [(0, 1), (1, 2), (2, 3)]
-    assert fr.split_weighted(7, [1, 1, 1]) == [(0, 3), (3, 5), (5, 7)]
+    assert split_weighted(10, [2, 2]) == [(0, 5), (5, 10)]
+    assert split_weighted(10, [4, 1]) == [(0, 8), (8, 10)]
+    assert split_weighted(3, [100, 1, 1]) == [(0, 1), (1, 2), (2, 3)]
+    assert split_weighted(7, [1, 1, 1]) == [(0, 3), (3, 5), (5, 7)]
     with pytest.raises(ValueError):
-        fr.split_weighted(2, [1, 1, 1])
+        split_weighted(2, [1, 1, 1])
 
 
 # --------------------------------------------------------------------------- equivalence
@@ -415,10 +416,12 @@ def test_fast_path_falls_back_to_ray_tasks(cluster):
 
 
 def test_trainer_backend_layout(cluster):
-    """What the trainer uses: step_async_written on actions written straight into the
+    """What the trainer uses: step_async(IN_SLOT, slot) on actions written straight into the
     ring, ``num_slots = n_steps + 1`` slots, results in place."""
     T, n = 6, 4
     eng = opened(fr.RayEngine([RandomEndEnv] * n, num_actors=2, num_slots=T + 1))
+    from fastvec.engine import IN_SLOT
+
     local = fastvec.engine.Engine([RandomEndEnv] * n, num_workers=2, num_slots=T + 1)
     try:
         kw = {i: {"seed": 10 + i} for i in range(n)}
@@ -429,8 +432,9 @@ def test_trainer_backend_layout(cluster):
                 acts = rng.integers(0, 3, n)
                 for e in (eng, local):
                     e.act_bufs[0][t + 1] = acts
-                    e.step_async_written(t + 1)
-                assert_same(eng.step_wait(), local.step_wait(), f"rollout {rollout} step {t} records")
+                    e.step_async(IN_SLOT, t + 1)
+                assert_same(eng.step_wait().env_records(), local.step_wait().env_records(),
+                            f"rollout {rollout} step {t} records")
             for name in ("obs_bufs", "final_bufs"):
                 got, want = getattr(eng, name)[0], getattr(local, name)[0]
                 done = eng.terminated[1:] | eng.truncated[1:]
@@ -878,7 +882,7 @@ def test_fastvec_never_needs_ray():
 
 
 def test_train_cli_flags_without_ray_backend(tmp_path):
-    from fastvec.train_cli import main
+    from fastvec.train.cli import main
 
     assert main("train", ["CartPole-v1", "--actors", "2", "--no-progress"]) == 2
     assert main("train", ["CartPole-v1", "--backend", "ray", "--actors", "0", "--no-progress"]) == 2

@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="num_workers for fastvec (default: min(num_envs, cores))")
     p.add_argument("--seed", type=_nonneg, default=0, help="seed for env resets and actions (default 0)")
     p.add_argument("--train", action="store_true",
-                   help="also run the PPO time-to-solve benchmark if fastvec.ppo provides one")
+                   help="also run the PPO time-to-solve benchmark (needs fastvec[train])")
     p.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -356,21 +356,15 @@ def _run(args, plan, prog, argv) -> int:
 
 
 def _train(notes: list) -> dict | None:
-    """PPO time-to-solve lives in benchmarks/bench_train.py; use fastvec.ppo's own entry
-    point when the installed fastvec has one."""
-    import importlib
-
+    """PPO time to solve CartPole with the trainer's presets (``fastvec train``); the
+    side-by-side comparison with SB3 is benchmarks/bench_train.py."""
     try:
-        ppo = importlib.import_module("fastvec.ppo")
-    except ImportError:
-        notes.append("--train: skipped (fastvec.ppo is not available); run benchmarks/bench_train.py")
-        return None
-    fn = getattr(ppo, "time_to_solve", None) or getattr(ppo, "run_train_bench", None)
-    if fn is None:
-        notes.append("--train: skipped (fastvec.ppo has no time_to_solve()); run benchmarks/bench_train.py")
+        from ..train.cli import time_to_solve
+    except ImportError as exc:  # the trainer needs torch: pip install "fastvec[train]"
+        notes.append(f"--train: skipped ({exc}); install fastvec[train]")
         return None
     try:
-        return fn()
+        return time_to_solve()
     except Exception as exc:
         notes.append(f"--train failed: {type(exc).__name__}: {exc}")
         return None
@@ -409,7 +403,7 @@ def _json_default(o):
 
 
 def _cores() -> int:
-    from .vecenv_bench import available_cores
+    from ..options import available_cores
 
     return available_cores()
 

@@ -30,7 +30,6 @@ import functools
 import gc
 import importlib
 import importlib.util
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..options import available_cores
 from .envs import make_gym, make_large_obs, make_pong
 
 ACTION_BATCHES = 64
@@ -180,9 +180,9 @@ def _build_fastvec(w, opts, copy=True):
 
 
 def _build_fastvec_sb3(w, opts):
-    import fastvec.sb3
+    import fastvec
 
-    env = fastvec.sb3.SubprocVecEnv(_env_fns(w), num_workers=_workers(w.num_envs, opts),
+    env = fastvec.SubprocVecEnv(_env_fns(w), num_workers=_workers(w.num_envs, opts),
                                     step_timeout=STEP_TIMEOUT_S)
     env.seed(opts["seed"])
     env.reset()
@@ -461,10 +461,3 @@ def run_scaling(
         })
     return {"env_id": env_id, "num_envs": list(num_envs), "num_workers": list(num_workers),
             "repeats": repeats, "env_steps": env_steps, "cores": available_cores(), "points": rows}
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1

@@ -1,8 +1,10 @@
-"""Front door 2: ``fastvec.AsyncVectorEnv``, a ``gymnasium.vector.VectorEnv``.
+"""The gymnasium door: ``fastvec.AsyncVectorEnv``, a ``gymnasium.vector.VectorEnv``.
 
 Same results as ``gymnasium.vector.SyncVectorEnv`` (5-tuple steps, NEXT_STEP, SAME_STEP
 and DISABLED autoreset, infos merged with ``_key`` masks), with the envs stepping in
-worker processes over shared memory.
+worker processes over shared memory. This module turns the engine's ``StepResult``
+into gymnasium's infos: from the shared info table in one compiled pass
+(``_gym_infos``) on the common step, from columns or records otherwise.
 """
 from __future__ import annotations
 
@@ -13,14 +15,44 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from .door import EngineDoor
-from .infos import columns_to_records, columns_to_vector_infos, with_quiet_ends
+from .._core.infos import StepResult, with_quiet_ends
+from ..options import EngineOptions
+from . import _gym_infos
+from .base import EngineDoor
 
 _MODES = {
     AutoresetMode.NEXT_STEP: "next_step",
     AutoresetMode.SAME_STEP: "same_step",
     AutoresetMode.DISABLED: "disabled",
 }
+
+
+def vector_dtype(kind, is_int: bool):
+    """The dtype gymnasium's vector infos give a column of ``kind`` values, or None when
+    it is the info table's own int64/float64."""
+    dtype = np.dtype(kind)
+    return None if dtype == np.dtype(np.int64 if is_int else np.float64) else dtype
+
+
+def columns_to_vector_infos(columns: dict, num_envs: int) -> dict:
+    """What gymnasium's ``VectorEnv._add_info`` builds from these infos, env by env: per
+    key an array of ``kind`` with the values, and a ``_key`` boolean mask."""
+    infos: dict = {}
+    everyone = None
+    for key, (kind, idx, values) in columns.items():
+        if idx is None:  # every env reported this key: values is an array of num_envs
+            if everyone is None:
+                everyone = np.ones(num_envs, dtype=np.bool_)
+            infos[key] = values.astype(kind, copy=False)
+            infos[f"_{key}"] = everyone.copy()
+            continue
+        array = np.zeros(num_envs, dtype=kind)
+        array[idx] = values
+        mask = np.zeros(num_envs, dtype=np.bool_)
+        mask[idx] = True
+        infos[key] = array
+        infos[f"_{key}"] = mask
+    return infos
 
 
 def _check_seed(seed, where: str):
@@ -86,18 +118,12 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
                 f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {autoreset_mode!r}"
             ) from None
         self.autoreset_mode = mode
-        engine = self._make_engine(
-            env_fns,
-            num_workers=num_workers,
-            num_slots=num_slots,
-            autoreset_mode=_MODES[mode],
-            context=context,
-            step_timeout=step_timeout,
-            restart_on_error=restart_on_error,
-            spin_us=spin_us,
-            main_spin_us=main_spin_us,
-        )
+        options = EngineOptions(num_slots=num_slots, autoreset_mode=_MODES[mode], context=context,
+                                step_timeout=step_timeout, restart_on_error=restart_on_error,
+                                spin_us=spin_us, main_spin_us=main_spin_us)
+        engine = self._make_engine(env_fns, options, num_workers)
         self._open_door(engine, copy)
+        self._cols_for = self._cols = None  # the compiled builder's column spec, per schema
         eng = engine
         self.env_fns = env_fns
         self.num_envs = eng.num_envs
@@ -172,29 +198,21 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         self._send_step(actions)
 
     def step_wait(self, timeout: float | None = ...):
-        return self._step_result(*self._receive_step(timeout))
+        return self._step_result(self._receive_step(timeout))
 
     def step(self, actions):
-        return self._step_result(*self._step_built(actions, self._engine.step_vector))
+        return self._step_result(self._step(actions))
 
-    def _step_result(self, slot: int, infos, columns, records):
+    def _step_result(self, result: StepResult):
         eng = self._engine
+        slot = result.slot
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         if same_step and (ended := eng.terminated[slot] | eng.truncated[slot]).any():
             # Envs that ended with empty infos sent no record: their final_obs and
             # (empty) final_info still belong in the infos, in env order.
-            if infos is not None:
-                if infos:  # table infos mean every env sent infos, so every end a record
-                    raise RuntimeError("fastvec: infos built from the table on a step with a quiet episode end")
-                records = []
-            elif columns is not None:
-                records = columns_to_records(columns)
-            infos = self._merge_infos(with_quiet_ends(records, ended), slot, True)
-        elif infos is None:  # else the engine built them
-            if columns is not None:
-                infos = columns_to_vector_infos(columns, self.num_envs)
-            else:
-                infos = self._merge_infos(records, slot, same_step)
+            infos = self._merge_infos(with_quiet_ends(result.as_records(), ended), slot, True)
+        else:
+            infos = self._infos(result, same_step)
         return (
             self._observation(slot),
             eng.rewards[slot].copy(),
@@ -202,6 +220,25 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
             eng.truncated[slot].copy(),
             infos,
         )
+
+    def _infos(self, result: StepResult, same_step: bool) -> dict[str, Any]:
+        """gymnasium's infos of a step: from the info table in one compiled pass when
+        every env set every key, else from columns or records."""
+        if result.table is None and result.columns is None and not result.records:
+            return {}  # no env reported anything (CartPole): the commonest step of all
+        if result.table is not None:
+            info_i, info_f, mask, schema = result.table
+            if self._cols_for is not schema:
+                self._cols = [(key, f"_{key}", is_int, vector_dtype(kind, is_int), kind)
+                              for key, kind, is_int in schema]
+                self._cols_for = schema
+            infos = _gym_infos.table_vector_infos(info_i, info_f, mask, result.slot, self._cols)
+            if infos is not None:
+                return infos
+        columns, records = result.general()
+        if columns is not None:
+            return columns_to_vector_infos(columns, self.num_envs)
+        return self._merge_infos(records, result.slot, same_step)
 
     def _merge_infos(self, records, slot: int, same_step: bool) -> dict[str, Any]:
         """gymnasium's merge, env by env (nested infos, final observations)."""

@@ -8,7 +8,7 @@ A run directory holds:
   step latency, process memory; ``time/*``: where the wall time goes);
 - ``metrics.jsonl``: one JSON object per logging point (same scalars);
 - ``learning_curve.png``: mean episode return against env steps (matplotlib, Agg);
-- ``checkpoint.pt``: written by the trainer (see ``fastvec.ppo.save_checkpoint``).
+- ``checkpoint.pt``: written by the trainer (see ``fastvec.train.checkpoints``).
 
 The TensorBoard writer is created (and ``torch.utils.tensorboard`` imported, ~1-2 s)
 before the trainer starts its clock; writing happens at most every ``log_every_s``.

@@ -1,6 +1,6 @@
 """The worker process: builds its envs, attaches the segment, serves commands.
 
-Steps are served by the compiled loop in ``_engine.Stepper.serve``; everything rarer
+Steps are served by the compiled loop in ``stepper.Stepper.serve``; everything rarer
 (reset, attribute access, method calls, close) is handled here in Python.
 """
 from __future__ import annotations
@@ -15,9 +15,13 @@ import traceback
 
 import cloudpickle
 
-from . import _engine as E
-from .layout import SegmentPlan, build_nested
+from . import channel
+from . import protocol as P
+from .infos import InfoPicklingError, dump_records, table_kind
+from .layout import Ring, SegmentPlan, build_nested, leaves_of
+from .pickling import dumps
 from .shm import attach_segment
+from .stepper import Stepper
 
 _PARENT_POLL_S = 0.5
 
@@ -40,13 +44,6 @@ def _watch_parent(main_pid: int, direct_child: bool) -> None:
                 gone = False
         if gone:
             os._exit(1)
-
-
-def _dumps(obj) -> bytes:
-    try:
-        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        return cloudpickle.dumps(obj)
 
 
 def _error_payload(exc: BaseException, env_index: int | None, during: str) -> bytes:
@@ -118,7 +115,7 @@ def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_f
             try:
                 envs.append(fn())
             except BaseException as exc:
-                E.send_header(fd, E.REPLY_ERROR, 0, 0, _error_payload(exc, offset + j, "env creation"))
+                channel.send_header(fd, P.REPLY_ERROR, 0, 0, _error_payload(exc, offset + j, "env creation"))
                 return
         spaces = [
             (env.observation_space, env.action_space, dict(getattr(env, "metadata", {}) or {}),
@@ -126,39 +123,27 @@ def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_f
             for env in envs
         ]
         try:
-            E.send_header(fd, E.REPLY_READY, 0, 0, _dumps(spaces))
+            channel.send_header(fd, P.REPLY_READY, 0, 0, dumps(spaces))
         except Exception as exc:
-            E.send_header(fd, E.REPLY_ERROR, 0, 0, _error_payload(exc, offset, "sending spaces"))
+            channel.send_header(fd, P.REPLY_ERROR, 0, 0, _error_payload(exc, offset, "sending spaces"))
             return
 
         # Phase 2: the parent lays out the segment and tells us where it is.
-        cmd, _, _, n = E.recv_header(fd)
-        if cmd == E.CMD_CLOSE:
-            return
-        shm_name, entries, num_slots, obs_space, act_space, n_obs, n_act, spin_us = pickle.loads(
-            E.recv_payload(fd, n)
-        )
+        _cmd, _, _, n = channel.recv_header(fd)  # CMD_SPACES
+        shm_name, entries, obs_space, act_space, spin_us = pickle.loads(channel.recv_payload(fd, n))
         segment = attach_segment(shm_name)
-        plan = SegmentPlan()
-        plan.entries = entries
-        arrays = plan.arrays(segment)
-        from .layout import leaves_of
-
-        obs_leaves = leaves_of(obs_space)
-        stepper = E.Stepper(
-            envs, offset, num_envs, mode,
-            [arrays[f"obs{i}"] for i in range(n_obs)],
-            [arrays[f"final{i}"] for i in range(n_obs)],
-            [leaf.path for leaf in obs_leaves],
-            [arrays[f"act{i}"] for i in range(n_act)],
-            act_space, build_nested,
-            arrays["rewards"], arrays["terminated"], arrays["truncated"],
-            arrays.get("info_table"), arrays.get("info_mask"),
+        arrays = SegmentPlan.from_entries(entries).arrays(segment)
+        ring = Ring.of(arrays)
+        stepper = Stepper(
+            envs, offset, num_envs, mode, ring.obs, ring.final,
+            [leaf.path for leaf in leaves_of(obs_space)], ring.act, act_space, build_nested,
+            ring.rewards, ring.terminated, ring.truncated,
+            table_kind, dump_records, arrays.get("info_table"), arrays.get("info_mask"),
         )
-        chan = E.WorkerChannel(arrays["ctl"], index, fd, spin_us)
-        E.send_header(fd, E.REPLY_DONE, 0, 0)
+        chan = channel.WorkerChannel(arrays["ctl"], index, fd, spin_us)
+        channel.send_header(fd, P.REPLY_DONE, 0, 0)
         _serve(chan, stepper, envs, offset)
-    except E.PeerClosed:
+    except channel.PeerClosed:
         pass  # the parent went away; nothing to answer
     finally:
         for env in envs:
@@ -176,32 +161,23 @@ def _serve(chan, stepper, envs, offset) -> None:
             stepper.serve(chan)  # returns on the first command that is not a step
             cmd, slot, _, blob = chan.current_command()
             payload = pickle.loads(blob) if blob is not None else None
-        except E.PeerClosed:
+        except channel.PeerClosed:
             raise
         except Exception as exc:
             env_index = stepper.current if stepper.current >= 0 else None
             stepper.current = -1
-            if isinstance(exc, E.InfoPicklingError):
+            if isinstance(exc, InfoPicklingError):
                 during = "sending the step's infos"
             else:
                 during = "step" if env_index is not None else "reading a command"
-            chan.reply(E.REPLY_ERROR, 0, _error_payload(exc, env_index, during))
+            chan.reply(P.REPLY_ERROR, 0, _error_payload(exc, env_index, during))
             continue
-        if cmd == E.CMD_CLOSE:
-            for env in envs:
-                try:
-                    env.close()
-                except Exception:
-                    pass
-            envs.clear()
-            chan.reply(E.REPLY_DONE, 0)
-            return
-        if cmd == E.CMD_RESET:
+        if cmd == P.CMD_RESET:
             _reset(chan, stepper, envs, offset, slot, payload)
-        elif cmd == E.CMD_CALL:
+        elif cmd == P.CMD_CALL:
             _call(chan, envs, offset, payload)
         else:
-            chan.reply(E.REPLY_ERROR, 0, _error_payload(
+            chan.reply(P.REPLY_ERROR, 0, _error_payload(
                 ValueError(f"unknown command {cmd}"), None, "reading a command"))
 
 
@@ -216,7 +192,7 @@ def _reset(chan, stepper, envs, offset, slot, payload) -> None:
             stepper.write_reset_obs(slot, j, obs)
             infos.append((j, info))
     except Exception as exc:
-        chan.reply(E.REPLY_ERROR, 0, _error_payload(exc, offset + j, "reset"))
+        chan.reply(P.REPLY_ERROR, 0, _error_payload(exc, offset + j, "reset"))
         return
     _reply_result(chan, infos, offset + max(j, 0))
 
@@ -229,20 +205,20 @@ def _call(chan, envs, offset, payload) -> None:
         for j, value in targets:
             results.append(_do_call(envs[j], kind, name, args, kwargs, value))
     except Exception as exc:
-        chan.reply(E.REPLY_ERROR, 0, _error_payload(exc, offset + j, f"{kind}({name!r})"))
+        chan.reply(P.REPLY_ERROR, 0, _error_payload(exc, offset + j, f"{kind}({name!r})"))
         return
     _reply_result(chan, results, offset + max(j, 0))
 
 
 def _reply_result(chan, result, env_index) -> None:
     try:
-        blob = _dumps(result)
+        blob = dumps(result)
     except Exception as exc:
-        chan.reply(E.REPLY_ERROR, 0, _error_payload(
+        chan.reply(P.REPLY_ERROR, 0, _error_payload(
             TypeError(f"the result could not be pickled back to the parent: {exc}"), env_index, "reply"))
         return
-    chan.reply(E.REPLY_RESULT, 0, blob)
+    chan.reply(P.REPLY_RESULT, 0, blob)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit("fastvec.worker is started by fastvec's engine, not run directly")
+    sys.exit("fastvec._core.worker is started by fastvec's engine, not run directly")

@@ -5,17 +5,19 @@ handed out earlier stays intact for ``num_slots - 1`` further calls.
 """
 from __future__ import annotations
 
-from .engine import Engine
-from .errors import ClosedError
+from .._core.infos import StepResult
+from ..engine import Engine
+from ..errors import ClosedError
+from ..options import EngineOptions
 
 
 class EngineDoor:
     closed: bool
     _engine: Engine
 
-    def _make_engine(self, env_fns, **kwargs) -> Engine:
+    def _make_engine(self, env_fns, options: EngineOptions, num_workers: int | None) -> Engine:
         """The engine behind this door (``fastvec.ray``'s doors build a ``RayEngine``)."""
-        return Engine(env_fns, **kwargs)
+        return Engine(env_fns, options, num_workers=num_workers)
 
     def _open_door(self, engine: Engine, copy: bool) -> None:
         self._engine = engine
@@ -55,28 +57,25 @@ class EngineDoor:
         self._next_slot = slot
         self.waiting = True
 
-    def _receive_step(self, timeout=...):
-        """Wait for the step in flight: ``(slot, None, columns, records)``, the shape of
-        ``_step_built``'s answer."""
+    def _receive_step(self, timeout=...) -> StepResult:
+        """Wait for the step in flight."""
         self._check_open()
         if not self.waiting:
             raise RuntimeError("step_wait() called without step_async()")
         self.waiting = False
-        columns, records = self._engine.step_wait_report(timeout)
+        result = self._engine.step_wait(timeout)
         self._slot = self._next_slot
-        return self._slot, None, columns, records
+        return result
 
-    def _step_built(self, actions, engine_step):
-        """``_send_step`` and ``_receive_step`` in one go, through ``engine_step`` (the
-        engine's ``step_vector`` or ``step_env_infos``): ``(slot, infos, columns,
-        records)``, ``infos`` built by the engine or else columns or records."""
+    def _step(self, actions) -> StepResult:
+        """``_send_step`` and ``_receive_step`` in one go, through the engine's fused step."""
         self._check_open()
         if self.waiting:
             raise RuntimeError("step() called while a step_async() is waiting for step_wait()")
         slot = self._free_slot()
-        infos, columns, records = engine_step(actions, slot)
+        result = self._engine.step(actions, slot)
         self._slot = self._next_slot = slot
-        return slot, infos, columns, records
+        return result
 
     def _idle(self) -> None:
         """Before any other command: open, and no step left in flight."""

@@ -32,7 +32,7 @@ from gymnasium import spaces
 
 __all__ = ["ActorCritic", "make_policy", "is_image_space", "describe_policy"]
 
-_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
 
 
 def is_image_space(space: spaces.Space) -> bool:
@@ -134,7 +134,7 @@ class NatureCNN(nn.Module):
 
 def _mlp(sizes, activation, out_dim, out_gain, ortho: bool) -> nn.Sequential:
     layers = []
-    act = _ACTIVATIONS[activation]
+    act = ACTIVATIONS[activation]
     for a, b in zip(sizes[:-1], sizes[1:]):
         lin = nn.Linear(a, b)
         layers += [_ortho(lin, math.sqrt(2)) if ortho else lin, act()]
@@ -320,8 +320,8 @@ class ActorCritic(nn.Module):
                  activation: str = "tanh", ortho_init: bool = True, log_std_init: float = 0.0,
                  normalize_obs: bool = False, cnn_features: int = 512):
         super().__init__()
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.obs_space, self.act_space = obs_space, act_space
         self.dist = make_dist(act_space, log_std_init)
         self.image = is_image_space(obs_space)

@@ -105,6 +105,13 @@ class SegmentPlan:
         self.entries.append((name, tuple(shape), dtype, offset))
         self.size = offset + nbytes
 
+    @classmethod
+    def from_entries(cls, entries: list) -> "SegmentPlan":
+        """The plan another process laid out, from its ``entries``."""
+        plan = cls()
+        plan.entries = list(entries)
+        return plan
+
     def arrays(self, buf) -> dict[str, np.ndarray]:
         """Numpy views of every planned array over ``buf`` (a memoryview)."""
         out = {}
@@ -114,12 +121,14 @@ class SegmentPlan:
         return out
 
 
-def plan_segment(obs_space, act_space, num_slots: int, num_envs: int, num_workers: int,
-                 ctl_cols: int, info_cols: int = 0) -> SegmentPlan:
-    """Lay out the control block, observations, final observations, actions, rewards,
-    flags and the info table (``info_cols`` numeric info cells per env and slot)."""
+def plan_segment(obs_space, act_space, num_slots: int, num_envs: int, num_workers: int = 0,
+                 ctl_cols: int = 0, info_cols: int = 0) -> SegmentPlan:
+    """Lay out the ring (observations, final observations, actions, rewards, flags),
+    after the control block of ``num_workers`` workers (none when 0) and before the info
+    table (``info_cols`` numeric info cells per env and slot; none when 0)."""
     plan = SegmentPlan()
-    plan.add("ctl", (num_workers + 1, ctl_cols), np.int64)
+    if num_workers:
+        plan.add("ctl", (num_workers + 1, ctl_cols), np.int64)
     for i, leaf in enumerate(leaves_of(obs_space)):
         plan.add(f"obs{i}", (num_slots, num_envs) + leaf.shape, leaf.dtype)
         plan.add(f"final{i}", (num_slots, num_envs) + leaf.shape, leaf.dtype)
@@ -132,3 +141,27 @@ def plan_segment(obs_space, act_space, num_slots: int, num_envs: int, num_worker
         plan.add("info_table", (num_slots, num_envs, info_cols), np.float64)
         plan.add("info_mask", (num_slots, num_envs), np.uint16)
     return plan
+
+
+@dataclass
+class Ring:
+    """The ring's arrays by role, as ``plan_segment`` names them; ``envs`` narrows every
+    one to a ``[start, stop)`` range of envs (a worker's or an actor's share)."""
+
+    obs: list
+    final: list
+    act: list
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+
+    @classmethod
+    def of(cls, arrays: dict, envs: tuple | None = None) -> "Ring":
+        part = (lambda a: a) if envs is None else (lambda a: a[:, envs[0]:envs[1]])
+        n_obs = sum(1 for name in arrays if name.startswith("obs"))
+        n_act = sum(1 for name in arrays if name.startswith("act"))
+        return cls(obs=[part(arrays[f"obs{i}"]) for i in range(n_obs)],
+                   final=[part(arrays[f"final{i}"]) for i in range(n_obs)],
+                   act=[part(arrays[f"act{i}"]) for i in range(n_act)],
+                   rewards=part(arrays["rewards"]), terminated=part(arrays["terminated"]),
+                   truncated=part(arrays["truncated"]))

@@ -1,4 +1,8 @@
-"""``fastvec train`` and ``fastvec eval``.
+"""``fastvec train`` and ``fastvec eval``; the one place that picks a backend.
+
+``run_training`` starts the rollout storage (``build_storage``: the local engine, Ray
+actors, or a vector env the caller gives) and hands it to ``fastvec.train.loop.train``,
+which knows none of them. This is the only importer of ``fastvec.ray``.
 
     fastvec train ENV_ID [--seed N] [--num-envs N] [--num-workers N] [--total-steps N]
                   [--stop-at-return R] [--device auto|cpu|cuda] [--logdir DIR]
@@ -18,8 +22,9 @@ import argparse
 import json
 import os
 import sys
+import time
 
-__all__ = ["main", "build_config"]
+__all__ = ["main", "build_config", "build_storage", "run_training", "time_to_solve"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
 def _train_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fastvec train", description="Train PPO on a gymnasium env with fastvec.",
                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                epilog="Hyperparameters: any field of fastvec.ppo.PPOConfig via --set key=value, "
+                epilog="Hyperparameters: any field of fastvec.train.PPOConfig via --set key=value, "
                        "e.g. --set lr=1e-3 --set n_steps=64 --set hidden=64,64. "
                        "Run with --list-keys to see them with the env's preset values.")
     p.add_argument("env_id", help="gymnasium env id, e.g. CartPole-v1, ALE/Pong-v5")
@@ -76,7 +81,7 @@ def _eval_parser() -> argparse.ArgumentParser:
 
 def build_config(env_id: str, args):
     """Preset for ``env_id`` < command-line flags < ``--set`` overrides."""
-    from .ppo import ConfigError, PPOConfig, apply_overrides
+    from .config import ConfigError, PPOConfig, apply_overrides
     from .presets import preset_for
 
     cfg = PPOConfig()
@@ -100,7 +105,7 @@ def build_config(env_id: str, args):
 
 def _train(argv) -> int:
     args = _train_parser().parse_args(argv)
-    from .ppo import ConfigError
+    from .config import ConfigError
     from .presets import check_env_id
 
     try:
@@ -125,12 +130,11 @@ def _train(argv) -> int:
     import torch  # noqa: F401  (imported before the clock starts)
 
     from .monitor import default_run_dir
-    from .ppo import train
 
     run_dir = args.logdir or default_run_dir(args.env_id, cfg.seed)
     init = None
     if args.init_from:
-        from .ppo import load_checkpoint
+        from .checkpoints import load_checkpoint
 
         try:
             init = load_checkpoint(args.init_from)
@@ -140,7 +144,7 @@ def _train(argv) -> int:
         except ValueError as exc:
             return _fail("train", exc, 2)
     try:
-        result = train(args.env_id, cfg, run_dir=run_dir, progress=not args.no_progress,
+        result = run_training(args.env_id, cfg, run_dir=run_dir, progress=not args.no_progress,
                        tensorboard=not args.no_tensorboard, init_from=init, backend=args.backend,
                        ray_address=args.ray_address, ray_actors=args.actors)
     except (ConfigError,) as exc:
@@ -154,11 +158,115 @@ def _train(argv) -> int:
     return 0
 
 
+def build_storage(env_id, cfg, *, venv=None, env_kwargs=None, backend: str = "engine",
+                  ray_address: str | None = None, ray_actors: int | None = None, pin: bool = False):
+    """The rollout storage ``fastvec.train.loop.train`` runs on (``num_slots =
+    n_steps + 1``, same-step autoreset): ``venv`` wrapped (its owner closes it), else
+    ``cfg.num_envs`` envs of ``env_id`` on this machine's engine (``backend="engine"``)
+    or in Ray actors (``"ray"``: the cluster at ``ray_address``, default a local Ray
+    instance on 127.0.0.1; ``ray_actors`` actors, default one per node;
+    ``cfg.num_workers`` worker processes per actor)."""
+    from .presets import env_factory
+    from .storage import EngineStorage, storage_for
+
+    slots = cfg.n_steps + 1
+    if venv is not None:
+        return storage_for(venv, slots, pin=pin)
+    fns = [env_factory(env_id, env_kwargs)] * cfg.num_envs
+    if backend == "ray":
+        from ..ray import RayEngine
+
+        engine = RayEngine(fns, num_slots=slots, autoreset_mode="same_step", ray_address=ray_address,
+                           num_actors=ray_actors, workers_per_actor=cfg.num_workers, spin_us=cfg.spin_us)
+        return EngineStorage(engine, kind="fastvec-ray")
+    from ..engine import Engine
+
+    engine = Engine(fns, num_workers=cfg.num_workers, num_slots=slots, autoreset_mode="same_step",
+                    context=cfg.context, spin_us=cfg.spin_us)
+    return EngineStorage(engine)
+
+
+def run_training(env_id: str | None = None, config=None, *, venv=None, env_kwargs: dict | None = None,
+                 run_dir: str | None = None, progress: bool = True, tensorboard: bool = True,
+                 init_from: str | dict | None = None, save: bool = True, backend: str = "engine",
+                 ray_address: str | None = None, ray_actors: int | None = None) -> dict:
+    """What ``fastvec train`` does: train PPO on ``env_id`` (or on ``venv``, a gymnasium
+    ``VectorEnv`` with same-step autoreset or an SB3 ``VecEnv``, which the caller keeps
+    and closes), logging into ``run_dir`` (TensorBoard events, ``metrics.jsonl``,
+    ``learning_curve.png``, ``checkpoint.pt``, ``result.json``; None: no files), starting
+    from the checkpoint ``init_from``. Returns ``train``'s result dict. See
+    ``build_storage`` for ``backend``, ``ray_address`` and ``ray_actors``."""
+    import numpy as np
+    import torch
+
+    from .checkpoints import load_checkpoint
+    from .config import PPOConfig
+    from .loop import train
+    from .monitor import Monitor
+    from .ppo import resolve_device, warm_up_torch
+
+    cfg = (config or PPOConfig()).validate()
+    device = resolve_device(cfg.device)
+    if env_id is None and venv is None:
+        raise ValueError("give an env id or a vector env")
+    if backend not in ("engine", "ray"):
+        raise ValueError(f"backend must be 'engine' or 'ray', got {backend!r}")
+    if backend != "ray" and (ray_address is not None or ray_actors is not None):
+        raise ValueError("ray_address and ray_actors need backend='ray'")
+    if backend == "ray" and venv is not None:
+        raise ValueError("backend='ray' starts its own envs: pass an env id, not a vector env")
+    ckpt = None
+    if init_from is not None:
+        ckpt = load_checkpoint(init_from) if isinstance(init_from, str) else init_from
+        if env_id is not None and ckpt.get("env_id") not in (None, env_id):
+            raise ValueError(f"checkpoint was trained on {ckpt['env_id']}, not {env_id}")
+    monitor = Monitor(run_dir or None, tensorboard=tensorboard)
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    warm_up_torch()
+    t_start = time.perf_counter()  # the clock starts here: env start-up is part of the wall time
+    try:
+        storage = build_storage(env_id, cfg, venv=venv, env_kwargs=env_kwargs, backend=backend,
+                                ray_address=ray_address, ray_actors=ray_actors, pin=device.type == "cuda")
+    except BaseException:
+        monitor.close()
+        raise
+    return train(cfg, storage, monitor, env_id=env_id, env_kwargs=env_kwargs, init=ckpt, progress=progress,
+                 save=save, t_start=t_start)
+
+
+def time_to_solve(env_id: str = "CartPole-v1", seeds=(0, 1, 2), threshold: float | None = None,
+                  overrides=(), max_steps: int = 200_000) -> dict:
+    """Wall time of ``fastvec train ENV --stop-at-return THRESHOLD`` per seed (in this
+    process, preset hyperparameters), for ``fastvec bench --train``. The side-by-side
+    comparison with SB3 is ``benchmarks/bench_train.py``."""
+    import statistics
+
+    from .config import PPOConfig, apply_overrides
+    from .presets import preset_for, solve_threshold
+
+    threshold = solve_threshold(env_id) if threshold is None else threshold
+    runs = []
+    for seed in seeds:
+        cfg = apply_overrides(PPOConfig(), preset_for(env_id))
+        cfg.seed, cfg.stop_at_return, cfg.total_steps = seed, threshold, max_steps
+        apply_overrides(cfg, list(overrides))
+        r = run_training(env_id, cfg, progress=False, tensorboard=False)
+        runs.append({k: r[k] for k in ("seed", "solved", "env_steps", "wall_seconds", "sps")})
+    return {
+        "env_id": env_id, "threshold": threshold, "runs": runs,
+        "solved": sum(r["solved"] for r in runs), "seeds": len(runs),
+        "median_wall_seconds": statistics.median(r["wall_seconds"] for r in runs),
+        "median_env_steps": statistics.median(r["env_steps"] for r in runs),
+    }
+
+
 def _eval(argv) -> int:
     args = _eval_parser().parse_args(argv)
     if args.episodes < 1:
         return _fail("eval", ValueError(f"--episodes must be positive, got {args.episodes}"), 2)
-    from .ppo import evaluate, load_checkpoint
+    from .checkpoints import load_checkpoint
+    from .evaluate import evaluate
 
     try:
         ckpt = load_checkpoint(args.checkpoint)

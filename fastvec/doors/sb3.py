@@ -1,9 +1,11 @@
-"""Front door 1: ``fastvec.SubprocVecEnv``, a drop-in for SB3's and baselines' SubprocVecEnv.
+"""The SB3 door: ``fastvec.SubprocVecEnv``, a drop-in for SB3's and baselines' SubprocVecEnv.
 
 It speaks SB3's ``VecEnv`` API (4-tuple steps, ``terminal_observation`` and
 ``TimeLimit.truncated`` in infos, ``env_method``, ...) over the shared-memory engine.
 When Stable-Baselines3 is installed the class derives from its ``VecEnv`` so SB3's
-algorithms and wrappers accept it; SB3 stays optional.
+algorithms and wrappers accept it; SB3 stays optional. This module turns the engine's
+``StepResult`` into SB3's per-env info dicts: from the shared info table in one
+compiled pass (``_sb3_infos``) on the common step, from records otherwise.
 """
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from .door import EngineDoor
-from .infos import columns_to_records
-from .layout import build_nested, get_path, leaves_of
+from .._core.infos import StepResult
+from .._core.layout import build_nested, get_path, leaves_of
+from ..options import EngineOptions
+from . import _sb3_infos
+from .base import EngineDoor
 
 try:  # SB3 is optional: without it the class is a plain object with the same API.
     from stable_baselines3.common.vec_env.base_vec_env import VecEnv as _Base
@@ -79,18 +83,12 @@ class SubprocVecEnv(EngineDoor, _Base):
     ):
         self.closed = True
         self.waiting = False
-        engine = self._make_engine(
-            env_fns,
-            num_workers=num_workers,
-            num_slots=num_slots,
-            autoreset_mode="same_step",
-            context=start_method,
-            step_timeout=step_timeout,
-            restart_on_error=restart_on_error,
-            spin_us=spin_us,
-            main_spin_us=main_spin_us,
-        )
+        options = EngineOptions(num_slots=num_slots, autoreset_mode="same_step", context=start_method,
+                                step_timeout=step_timeout, restart_on_error=restart_on_error,
+                                spin_us=spin_us, main_spin_us=main_spin_us)
+        engine = self._make_engine(env_fns, options, num_workers)
         self._open_door(engine, copy)
+        self._cols_for = self._cols = None  # the compiled builder's column spec, per schema
         eng = engine
         self.num_envs = eng.num_envs
         self.observation_space = eng.single_observation_space
@@ -135,27 +133,37 @@ class SubprocVecEnv(EngineDoor, _Base):
         return actions
 
     def step_wait(self):
-        return self._step_result(*self._receive_step())
+        return self._step_result(self._receive_step())
 
     def step(self, actions: np.ndarray):
-        return self._step_result(*self._step_built(self._batched(actions), self._engine.step_env_infos))
+        return self._step_result(self._step(self._batched(actions)))
 
-    def _step_result(self, slot: int, env_infos, columns, records):
+    def _table_infos(self, result: StepResult) -> list | None:
+        """Per-env infos straight from the info table (the envs' own keys, values and
+        types), or None when some env lacks some key."""
+        info_i, info_f, mask, schema = result.table
+        if self._cols_for is not schema:
+            self._cols = [(key, f"_{key}", is_int, None, kind) for key, kind, is_int in schema]
+            self._cols_for = schema
+        return _sb3_infos.table_env_infos(info_i, info_f, mask, result.slot, self._cols)
+
+    def _step_result(self, result: StepResult):
         eng = self._engine
+        slot = result.slot
         term = eng.terminated[slot]
         trunc = eng.truncated[slot]
         dones = term | trunc
         rewards = eng.rewards[slot].astype(np.float32)
         time_limit = (trunc & ~term).tolist()
-        if env_infos is not None:  # built by the engine: the envs' own keys first
+        env_infos = self._table_infos(result) if result.table is not None else None
+        if env_infos is not None:  # the envs' own keys first, as DummyVecEnv has them
             for info, v in zip(env_infos, time_limit):
                 info["TimeLimit.truncated"] = v
             infos = env_infos
             records = ()
         else:
             infos: list[dict] = [{"TimeLimit.truncated": v} for v in time_limit]
-            if columns is not None:
-                records = columns_to_records(columns)
+            records = result.as_records()
         ended = np.flatnonzero(dones).tolist()
         for i in ended:  # an auto-reset whose info was empty sent no record
             self.reset_infos[i] = {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
-from . import _engine as E
+from .bounds import in_bounds
 from .layout import Leaf, get_path, leaves_of
 
 # dtypes the compiled bounds check reads; anything else takes the numpy path.
@@ -86,7 +86,7 @@ class _LeafCheck:
         the error."""
         fast = self.fast
         return (fast is not None and arr.dtype in fast[4] and arr.flags.c_contiguous
-                and E.in_bounds(arr.reshape(fast[0], fast[1]), fast[2], fast[3]))
+                and in_bounds(arr.reshape(fast[0], fast[1]), fast[2], fast[3]))
 
     def check(self, value) -> np.ndarray:
         # The usual batch first, in as few steps as possible.

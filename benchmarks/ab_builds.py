@@ -1,0 +1,120 @@
+#!/usr/bin/env python
+"""Two builds of fastvec side by side, interleaved: does a change keep every figure?
+
+    git worktree add /tmp/before <rev> && (cd /tmp/before && python setup.py build_ext --inplace)
+    python setup.py build_ext --inplace
+    python benchmarks/ab_builds.py --before /tmp/before --after . --rounds 5 --out benchmarks/results/ab
+
+Each round runs, for each build in turn (the order alternates from round to round), in
+fresh processes that import that build only (``PYTHONPATH``):
+
+- ``fastvec bench --only <workloads> --repeats 1 --no-peers``: env steps/s of both front
+  doors against SyncVectorEnv, each in its own measurement (the build's own harness);
+- ``benchmarks/bench_train.py --only transports --seeds 1``: ``fastvec train`` on the
+  engine against the same trainer on SyncVectorEnv (wall time to solve, steps/s).
+
+Every figure is a ratio against SyncVectorEnv measured in the same process run, so a
+round compares the two builds on the same machine state; the table gives the median
+over rounds and its range for each build, and the after/before ratio of the medians.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+WORKLOADS = ("cartpole16", "cartpole64", "halfcheetah16", "pong8", "largeobs8")
+
+
+def _run(cmd, build: str, timeout: float) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(build))
+    # cwd outside both trees: `python -m` puts the cwd first on sys.path
+    return subprocess.run(cmd, env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def vecenv_round(build: str, workloads, out: str, timeout: float) -> dict:
+    """{(workload, candidate): ratio vs SyncVectorEnv} of one ``fastvec bench`` run."""
+    proc = _run([sys.executable, "-m", "fastvec", "bench", "--only", *workloads, "--repeats", "1",
+                 "--no-peers", "--no-charts", "--no-progress", "--out", out], build, timeout)
+    path = os.path.join(out, "results.json")
+    if proc.returncode not in (0, 1) or not os.path.exists(path):
+        raise RuntimeError(f"fastvec bench failed in {build}: {proc.stderr[-2000:]}")
+    ratios = {}
+    for w in json.load(open(path))["vecenv"]:
+        for c in w["candidates"]:
+            if c["candidate"] != "sync" and c.get("ratios"):
+                ratios[(w["workload"], c["candidate"])] = c["ratios"][0]
+    return ratios
+
+
+def train_round(build: str, out: str, timeout: float) -> dict:
+    """{(env, "wall"|"sps"): fastvec engine / SyncVectorEnv} of one transports run
+    (wall: time to solve, lower is better, reported as sync/fastvec so higher is better)."""
+    script = os.path.join(os.path.abspath(build), "benchmarks", "bench_train.py")
+    proc = _run([sys.executable, script, "--only", "transports", "--seeds", "1", "--out", out], build, timeout)
+    path = os.path.join(out, "train.json")
+    if proc.returncode != 0 or not os.path.exists(path):
+        raise RuntimeError(f"bench_train.py failed in {build}: {proc.stderr[-2000:]}")
+    ratios = {}
+    for section in json.load(open(path))["transports"]:
+        s = section["summary"]
+        fv, sync = s["fastvec"], s["sync"]
+        if fv["median_wall_seconds"] and sync["median_wall_seconds"]:
+            ratios[(section["env_id"], "train wall")] = sync["median_wall_seconds"] / fv["median_wall_seconds"]
+            ratios[(section["env_id"], "train sps")] = fv["median_sps"] / sync["median_sps"]
+    return ratios
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--before", required=True, help="source tree of the first build (built in place)")
+    p.add_argument("--after", required=True, help="source tree of the second build (built in place)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--only", nargs="+", default=list(WORKLOADS), help="fastvec bench workloads")
+    p.add_argument("--no-train", action="store_true", help="skip the trainer benchmark")
+    p.add_argument("--out", required=True, help="directory for ab.json and ab.md")
+    p.add_argument("--timeout", type=float, default=1800.0)
+    args = p.parse_args(argv)
+    builds = {"before": args.before, "after": args.after}
+    os.makedirs(args.out, exist_ok=True)
+    rows: dict = {}  # (workload, candidate) -> {build: [ratio per round]}
+    t0 = time.time()
+    work = tempfile.mkdtemp(prefix="fastvec-ab-")
+    for r in range(args.rounds):
+        order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
+        for name in order:
+            got = vecenv_round(builds[name], args.only, os.path.join(work, f"{name}{r}"), args.timeout)
+            if not args.no_train:
+                got.update(train_round(builds[name], os.path.join(work, f"{name}{r}-train"), args.timeout))
+            for key, ratio in got.items():
+                rows.setdefault(key, {"before": [], "after": []})[name].append(ratio)
+            print(f"round {r + 1}/{args.rounds} {name}: " + ", ".join(f"{k[0]}/{k[1]} {v:.2f}x" for k, v in got.items()),
+                  flush=True)
+    lines = [f"# Before/after, interleaved ({args.rounds} rounds, {time.time() - t0:.0f} s)", "",
+             f"`{' '.join(sys.argv)}`; before: `{args.before}`, after: `{args.after}`. Each figure is a ratio "
+             "against SyncVectorEnv in the same run (higher is better; train wall: sync's time to solve "
+             "over fastvec's); median over rounds, min-max in brackets.", "",
+             "| workload | candidate | before | after | after / before |", "|---|---|---:|---:|---:|"]
+    table = []
+    for (w, c), by in rows.items():
+        b, a = statistics.median(by["before"]), statistics.median(by["after"])
+        table.append({"workload": w, "candidate": c, "before": by["before"], "after": by["after"],
+                      "before_median": b, "after_median": a, "after_over_before": a / b})
+        lines.append(f"| {w} | {c} | {b:.2f}x ({min(by['before']):.2f}-{max(by['before']):.2f}) | "
+                     f"{a:.2f}x ({min(by['after']):.2f}-{max(by['after']):.2f}) | {a / b:.3f} |")
+    with open(os.path.join(args.out, "ab.json"), "w") as f:
+        json.dump({"argv": sys.argv, "rounds": args.rounds, "rows": table}, f, indent=1)
+    with open(os.path.join(args.out, "ab.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+# cython: language_level=3
+"""The worker's step loop: every env of a worker, results straight into shared memory.
+
+``Stepper.serve`` answers STEP commands until another command arrives: it steps each
+env on its action in the slot, writes observations, rewards and flags into that slot,
+handles autoreset, and puts flat numeric infos into the shared info table, all without
+leaving C for anything but the envs' own Python code. Infos that do not fit the table
+are pickled by a function the worker passes in (``dump_records``), which also decides
+their encoding: this module knows nothing of the front doors' formats.
+"""
+import pickle
+
+cimport numpy as cnp
+from libc.string cimport memcpy
+
+from fastvec._core.channel cimport WorkerChannel
+from fastvec._core.protocol cimport (
+    AUTORESET_NEXT_STEP, AUTORESET_SAME_STEP, HAS_PAYLOAD, IN_TABLE, INFO_COLS, NO_PAYLOAD, REPLY_DONE,
+)
+
+from fastvec._core.channel import send_header
+
+import numpy as np
+
+cnp.import_array()
+
+
+cdef inline bint _fast_copy(object dest, Py_ssize_t row, object value):
+    """memcpy ``value`` into row ``row`` of the 2-D-indexed leaf array ``dest`` when
+    it is a C-contiguous array of exactly the leaf's dtype and size."""
+    cdef cnp.ndarray d = <cnp.ndarray>dest
+    cdef cnp.ndarray v
+    cdef Py_ssize_t nbytes
+    if not cnp.PyArray_CheckExact(value):
+        return False
+    v = <cnp.ndarray>value
+    if not cnp.PyArray_IS_C_CONTIGUOUS(v):
+        return False
+    if cnp.PyArray_TYPE(v) != cnp.PyArray_TYPE(d) or not cnp.PyArray_ISNOTSWAPPED(v):
+        return False
+    # bytes per (slot, env) row of the leaf
+    nbytes = cnp.PyArray_STRIDES(d)[1]
+    if cnp.PyArray_NBYTES(v) != nbytes:
+        return False
+    memcpy(<char *>cnp.PyArray_DATA(d) + row * nbytes, cnp.PyArray_DATA(v), nbytes)
+    return True
+
+
+cdef class Stepper:
+    """A worker's envs and its views of the shared arrays.
+
+    ``obs_leaves``/``final_leaves``/``act_leaves`` are lists of arrays shaped
+    ``[num_slots, num_envs, *leaf_shape]``; ``obs_paths`` gives each observation leaf's
+    path inside a Dict/Tuple observation (empty for a plain Box etc.).
+    """
+    cdef public list envs
+    cdef int n_local, offset, num_envs, mode
+    cdef list obs_leaves, final_leaves, obs_paths, act_leaves
+    cdef object act_space, build_nested, kind_of, dump_records
+    cdef bint single_obs, act_simple, act_scalar
+    cdef double[:, ::1] rewards
+    cdef cnp.uint8_t[:, ::1] terminated, truncated
+    cdef public object needs_reset
+    cdef cnp.uint8_t[::1] _needs_reset
+    cdef public int current  # global index of the env being called, for error reports
+    # The info table: per slot and env, INFO_COLS 8-byte cells (float64 or int64 by
+    # column) and a bit mask of the cells set this step. ``schema`` maps key -> (column,
+    # type, is_int); the parent learns new columns from ``schema_list`` sent once.
+    cdef double[:, :, ::1] info_f
+    cdef long long[:, :, ::1] info_i
+    cdef cnp.uint16_t[:, ::1] info_mask
+    cdef dict schema
+    cdef public list schema_list
+    cdef public bint schema_dirty
+
+    def __init__(self, list envs, int offset, int num_envs, int mode, list obs_leaves,
+                 list final_leaves, list obs_paths, list act_leaves, object act_space,
+                 object build_nested, object rewards, object terminated, object truncated,
+                 object kind_of, object dump_records, object info_table=None, object info_mask=None):
+        self.envs = envs
+        self.n_local = len(envs)
+        self.offset = offset
+        self.num_envs = num_envs
+        self.mode = mode
+        self.obs_leaves = obs_leaves
+        self.final_leaves = final_leaves
+        self.obs_paths = obs_paths
+        self.single_obs = len(obs_leaves) == 1 and len(obs_paths[0]) == 0
+        self.act_leaves = act_leaves
+        self.act_space = act_space
+        self.build_nested = build_nested
+        self.kind_of = kind_of  # type -> True (int64 cell), False (float64 cell), None (not a column)
+        self.dump_records = dump_records  # records -> the pickled report of a step
+        # A single non-nested action leaf: hand the env a scalar (Discrete) or a row copy.
+        self.act_simple = len(act_leaves) == 1 and (<cnp.ndarray>act_leaves[0]).ndim >= 2 \
+            and not hasattr(act_space, "spaces")
+        self.act_scalar = self.act_simple and (<cnp.ndarray>act_leaves[0]).ndim == 2
+        self.rewards = rewards
+        self.terminated = terminated.view(np.uint8)
+        self.truncated = truncated.view(np.uint8)
+        self.needs_reset = np.zeros(self.n_local, dtype=np.uint8)
+        self._needs_reset = self.needs_reset
+        self.current = -1
+        self.schema = {}
+        self.schema_list = []
+        self.schema_dirty = False
+        if info_table is not None:
+            self.info_f = info_table
+            self.info_i = info_table.view(np.int64)
+            self.info_mask = info_mask
+
+    cdef int _table(self, list records, int slot) except -1:
+        """Write flat numeric step infos into the info table; 1 if every record fit,
+        0 if this step's infos must travel pickled (nested, non-numeric, reset infos,
+        more than INFO_COLS keys, ints beyond int64)."""
+        cdef int j, i, col
+        cdef cnp.uint16_t bits
+        cdef tuple entry
+        if self.info_mask is None:
+            return 0
+        for j in range(self.n_local):
+            self.info_mask[slot, self.offset + j] = 0
+        for rec in records:
+            j = <int>rec[0]
+            info = rec[1]
+            if rec[2] is not None or type(info) is not dict:
+                return 0
+            i = self.offset + j
+            bits = 0
+            for key, value in (<dict>info).items():
+                kind = type(value)
+                entry = self.schema.get(key)
+                if entry is None or entry[1] is not kind:
+                    entry = self._new_column(key, kind)
+                    if entry is None:
+                        return 0
+                col = <int>entry[0]
+                if entry[2]:
+                    try:
+                        self.info_i[slot, i, col] = <long long>value
+                    except OverflowError:
+                        return 0
+                else:
+                    self.info_f[slot, i, col] = <double>value
+                bits |= <cnp.uint16_t>(1 << col)
+            self.info_mask[slot, i] = bits
+        return 1
+
+    cdef object _new_column(self, object key, object kind):
+        if key in self.schema:  # same key, another type this time: not a column
+            return None
+        if len(self.schema_list) >= INFO_COLS:
+            return None
+        is_int = self.kind_of(kind)
+        if is_int is None:
+            return None
+        entry = (len(self.schema_list), kind, is_int)
+        self.schema[key] = entry
+        self.schema_list.append((key, kind))
+        self.schema_dirty = True
+        return entry
+
+    cdef object _action(self, int slot, int i):
+        cdef cnp.ndarray a
+        if self.act_scalar:
+            return (<cnp.ndarray>self.act_leaves[0])[slot, i]
+        if self.act_simple:
+            return (<cnp.ndarray>self.act_leaves[0])[slot, i].copy()
+        parts = [np.array(leaf[slot, i]) if (<cnp.ndarray>leaf).ndim > 2 else leaf[slot, i]
+                 for leaf in self.act_leaves]
+        return self.build_nested(self.act_space, parts)[0]
+
+    cdef int _write_obs(self, list leaves, int slot, int i, object obs) except -1:
+        cdef Py_ssize_t row = <Py_ssize_t>slot * self.num_envs + i
+        cdef Py_ssize_t k
+        if self.single_obs:
+            dest = leaves[0]
+            if not _fast_copy(dest, row, obs):
+                dest[slot, i] = obs
+            return 0
+        for k in range(len(leaves)):
+            value = obs
+            for key in <tuple>self.obs_paths[k]:
+                value = value[key]
+            dest = leaves[k]
+            if not _fast_copy(dest, row, value):
+                dest[slot, i] = value
+        return 0
+
+    def write_reset_obs(self, int slot, int j, object obs):
+        """Write a reset observation of local env ``j`` (used by the Python reset path)."""
+        self._write_obs(self.obs_leaves, slot, self.offset + j, obs)
+
+    cpdef list step(self, int slot):
+        """Step every env of this worker on the actions in ``slot``; write results there.
+
+        Returns a list of ``(local_index, step_info, reset_info)`` for envs that produced
+        a non-empty info or reset, or None when there is nothing to report.
+        """
+        cdef int j, i
+        cdef list records = None
+        cdef bint term, trunc
+        for j in range(self.n_local):
+            i = self.offset + j
+            self.current = i
+            env = self.envs[j]
+            if self.mode == AUTORESET_NEXT_STEP and self._needs_reset[j]:
+                # gymnasium's NEXT_STEP: the step after an episode ended resets instead.
+                obs, reset_info = env.reset()
+                self._needs_reset[j] = 0
+                self.rewards[slot, i] = 0.0
+                self.terminated[slot, i] = 0
+                self.truncated[slot, i] = 0
+                if reset_info:
+                    if records is None:
+                        records = []
+                    records.append((j, None, reset_info))
+            else:
+                obs, rew, term_obj, trunc_obj, info = env.step(self._action(slot, i))
+                term = True if term_obj else False
+                trunc = True if trunc_obj else False
+                self.rewards[slot, i] = rew
+                self.terminated[slot, i] = term
+                self.truncated[slot, i] = trunc
+                if term or trunc:
+                    if self.mode == AUTORESET_SAME_STEP:
+                        self._write_obs(self.final_leaves, slot, i, obs)
+                        obs, reset_info = env.reset()
+                        # An end with empty infos on both sides sends nothing: the flags
+                        # and the final observation in the segment say it all, and the
+                        # step stays on the payload-less path (CartPole ends every ~20 steps).
+                        if not (type(info) is dict and not info and type(reset_info) is dict and not reset_info):
+                            if records is None:
+                                records = []
+                            records.append((j, info, reset_info))
+                    else:
+                        if self.mode == AUTORESET_NEXT_STEP:
+                            self._needs_reset[j] = 1
+                        if info:
+                            if records is None:
+                                records = []
+                            records.append((j, info, None))
+                elif info:
+                    if records is None:
+                        records = []
+                    records.append((j, info, None))
+            self._write_obs(self.obs_leaves, slot, i, obs)
+        self.current = -1
+        return records
+
+    def serve(self, WorkerChannel chan):
+        """Answer STEP commands until another command arrives; then return None and
+        leave that command to ``chan.current_command()``.
+
+        Exceptions from envs propagate to the caller (the worker's Python loop), which
+        reports them; ``self.current`` then names the env that raised.
+        """
+        cdef list records
+        cdef int slot
+        while True:
+            chan._wait()
+            slot = chan._step_slot()
+            if slot < 0:
+                return None  # the caller reads it with chan.current_command()
+            records = self.step(slot)
+            if records is None:
+                chan._publish(REPLY_DONE, slot, NO_PAYLOAD)
+            elif self._table(records, slot):
+                if self.schema_dirty:
+                    self.schema_dirty = False
+                    send_header(chan.fd, REPLY_DONE, slot, 0,
+                                pickle.dumps(("schema", self.schema_list), protocol=pickle.HIGHEST_PROTOCOL))
+                    chan._publish(REPLY_DONE, slot, IN_TABLE | HAS_PAYLOAD)
+                else:
+                    chan._publish(REPLY_DONE, slot, IN_TABLE)
+            else:
+                chan.reply(REPLY_DONE, slot, self.dump_records(records))

@@ -1,0 +1,234 @@
+"""``EngineBase``: what every engine does on its caller's side.
+
+An engine runs ``num_envs`` envs in ``num_workers`` groups (worker processes for
+``fastvec.engine.Engine``, Ray actors for ``fastvec.ray.RayEngine``) and keeps their
+results in a ring of ``num_slots`` slots of shared arrays. This class owns what does not
+depend on how a group is reached: the slots, action checks, the order of a step
+(check, write, dispatch, collect, failures, restarts, result), the restart bookkeeping,
+views of observations and closing. A subclass implements the transport:
+
+- ``_dispatch(slot)``: tell every group to step on the actions in ``slot``;
+- ``_collect_step(slot, timeout)``: wait for them: ``({group: report}, {group: (error,
+  fatal)})``, every healthy group's reply consumed even when another failed;
+- ``_result(slot, reports)``: the ``StepResult`` of those reports;
+- ``_replace(group, slot)``: start a fresh group for a failed one and reset its envs
+  into ``slot``, returning ``{env: reset info}``;
+- ``_unit(group)``: how messages name a group ("worker 1", "actor 1 (node ...)");
+- ``_drain()``: let a step in flight finish before closing; ``reset`` and ``call``.
+"""
+from __future__ import annotations
+
+import operator
+import warnings
+
+import numpy as np
+from gymnasium import spaces
+
+from ..errors import ClosedError, WorkerError
+from .infos import StepResult, columns_to_records
+from .layout import Ring, build_nested, map_nested, readonly_view
+
+
+class _InSlot:
+    """``IN_SLOT``: the actions of a step are already in ``act_bufs[.][slot]``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "IN_SLOT"
+
+
+IN_SLOT = _InSlot()
+
+
+def _index(i) -> int:
+    if isinstance(i, bool):
+        raise TypeError("bool is not an env index")
+    return operator.index(i)
+
+
+class EngineBase:
+    _closed: bool = True
+    _broken: str | None = None
+    _pending_slot: int | None = None
+    _last_slot: int = 0
+    _log_prefix = "fastvec"
+
+    # ------------------------------------------------------------------ set-up
+    def _bind_ring(self, arrays: dict) -> None:
+        """The ring's arrays, by the names ``plan_segment`` gives them."""
+        ring = Ring.of(arrays)
+        self.obs_bufs, self.final_bufs, self.act_bufs = ring.obs, ring.final, ring.act
+        self.rewards, self.terminated, self.truncated = ring.rewards, ring.terminated, ring.truncated
+        # A plain (not Dict/Tuple) observation: one leaf, handed out without rebuilding.
+        self._flat_obs = len(self.obs_bufs) == 1 and not isinstance(
+            self.single_observation_space, (spaces.Dict, spaces.Tuple))
+
+    @property
+    def num_slots(self) -> int:
+        return self.options.num_slots
+
+    @property
+    def autoreset_mode(self) -> str:
+        return self.options.autoreset_mode
+
+    @property
+    def step_timeout(self) -> float | None:
+        return self.options.step_timeout
+
+    @property
+    def restart_on_error(self) -> bool:
+        return self.options.restart_on_error
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("this vector env is closed")
+        if self._broken is not None:
+            raise WorkerError(f"the vector env is unusable after an earlier failure: {self._broken}; close it")
+        if self._pending_slot is not None:
+            raise RuntimeError("a step is in flight: call step_wait() before anything else")
+
+    def _check_step_slot(self, slot: int) -> None:
+        self._check_usable()
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot must be in [0, {self.num_slots}), got {slot}")
+
+    # ------------------------------------------------------------------ stepping
+    def step_async(self, actions, slot: int) -> None:
+        """Start a step that writes its results into ``slot``: check ``actions`` (a
+        ``ValueError`` before anything is sent) and write them into
+        ``act_bufs[.][slot]``, or with ``actions=IN_SLOT`` take what the caller already
+        wrote there (unchecked: the trainer writes valid actions in place)."""
+        self._check_step_slot(slot)
+        if actions is not IN_SLOT:
+            self._action_writer.write(self._action_writer.validate(actions), self.act_bufs, slot)
+        self._dispatch(slot)
+        self._pending_slot = slot
+
+    def step_wait(self, timeout: float | None = ...) -> StepResult:
+        """Finish the step in flight (``timeout`` in seconds; default ``step_timeout``).
+
+        A failed group raises ``WorkerError`` (after every healthy group's reply is in);
+        with ``restart_on_error`` it is replaced instead, its envs reset, and they report
+        a truncated episode with ``info["fastvec_restarted"] = True``.
+        """
+        if self._pending_slot is None:
+            raise RuntimeError("step_wait() called without step_async()")
+        slot, self._pending_slot = self._pending_slot, None
+        if timeout is ...:
+            timeout = self.step_timeout
+        reports, failures = self._collect_step(slot, timeout)
+        return self._finish_step(slot, reports, failures)
+
+    def step(self, actions, slot: int, timeout: float | None = ...) -> StepResult:
+        """``step_async`` then ``step_wait``: what a front door's ``step`` does."""
+        self.step_async(actions, slot)
+        return self.step_wait(timeout)
+
+    def _finish_step(self, slot: int, reports: dict, failures: dict) -> StepResult:
+        if failures and not self.restart_on_error:
+            _w, (exc, fatal) = min(failures.items())
+            if fatal:
+                self._broken = str(exc)
+            raise exc
+        result = self._result(slot, reports)
+        if failures:
+            columns, records = result.general()
+            records = list(records) if columns is None else columns_to_records(columns)
+            for w, (exc, _fatal) in sorted(failures.items()):
+                records += self._restart_group(w, slot, exc)
+            records.sort(key=lambda rec: rec[0])
+            result = StepResult(self, slot, records=records)
+        self._last_slot = slot
+        return result
+
+    def _restart_group(self, w: int, slot: int, exc: WorkerError) -> list:
+        """Replace failed group ``w``; its envs end their episode in ``slot``, truncated,
+        with the observation their previous slot held as the final one."""
+        a, b = self.groups[w]
+        previous = [buf[self._last_slot, a:b].copy() for buf in self.obs_bufs]
+        unit = self._unit(w)
+        try:
+            reset_infos = self._replace(w, slot)
+        except BaseException as again:
+            self._broken = f"restarting {unit} failed: {again}"
+            if isinstance(again, WorkerError):
+                raise again from exc
+            raise
+        warnings.warn(f"{self._log_prefix}: {exc}; restarted {self._unit(w)} and reset envs {a}..{b - 1}",
+                      RuntimeWarning, stacklevel=5)
+        self.restarts.append({**self._restart_record(w), "envs": list(range(a, b)), "error": str(exc)})
+        self.rewards[slot, a:b] = 0.0
+        self.terminated[slot, a:b] = False
+        self.truncated[slot, a:b] = True
+        for final, prev in zip(self.final_bufs, previous):
+            final[slot, a:b] = prev
+        info = {"fastvec_restarted": True, "fastvec_error": str(exc)}
+        return [(i, dict(info), reset_infos.get(i, {})) for i in range(a, b)]
+
+    def _restart_record(self, w: int) -> dict:
+        return {"worker": w}
+
+    # ------------------------------------------------------------------ envs and views
+    def normalize_indices(self, indices) -> list[int]:
+        if indices is None:
+            return list(range(self.num_envs))
+        if isinstance(indices, (int, np.integer)) and not isinstance(indices, bool):
+            indices = [indices]
+        try:
+            out = [_index(i) for i in indices]
+        except TypeError:
+            raise ValueError(f"indices must be None, an int or a sequence of ints, got {indices!r}") from None
+        for i in out:
+            if not -self.num_envs <= i < self.num_envs:
+                raise ValueError(f"env index {i} out of range for {self.num_envs} envs")
+        return [i % self.num_envs for i in out]
+
+    def obs_view(self, slot: int, space=None):
+        """The batched observation of ``slot`` as views (Dict/Tuple rebuilt)."""
+        return build_nested(space or self.single_observation_space, [b[slot] for b in self.obs_bufs])[0]
+
+    def observation(self, slot: int, copy: bool):
+        """What a front door returns: fresh arrays, or read-only views into the ring."""
+        if self._flat_obs:
+            arr = self.obs_bufs[0][slot]
+            return arr.copy() if copy else readonly_view(arr)
+        return map_nested(np.copy if copy else readonly_view, self.obs_view(slot))
+
+    def final_obs_of(self, slot: int, i: int):
+        """A copy of env i's final observation of the episode that ended in ``slot``."""
+        parts = [np.array(b[slot, i]) for b in self.final_bufs]
+        return build_nested(self.single_observation_space, parts)[0]
+
+    # ------------------------------------------------------------------ closing
+    def close(self) -> None:
+        """Stop every group and free the ring. Idempotent."""
+        if not hasattr(self, "_finalizer"):  # __init__ failed before anything started
+            return
+        self._closed = True
+        if self._pending_slot is not None and self._broken is None:
+            try:  # let a step in flight finish so the groups are idle when told to close
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    self._drain()
+            except Exception:
+                pass
+        self._pending_slot = None
+        self._drop_views()
+        self._finalizer()
+
+    def _drop_views(self) -> None:
+        """Let go of every view of the segment, so that its mapping can close."""
+        self.obs_bufs, self.final_bufs, self.act_bufs = [], [], []
+        self.rewards = self.terminated = self.truncated = None

@@ -1,0 +1,11 @@
+"""The front doors: the engine's ``StepResult`` turned into a public API.
+
+- ``fastvec.doors.gymnasium``: ``AsyncVectorEnv``, a ``gymnasium.vector.VectorEnv``
+  (infos merged into ``{key, _key}`` arrays; compiled for the common step in
+  ``_gym_infos``);
+- ``fastvec.doors.sb3``: ``SubprocVecEnv``, Stable-Baselines3's ``VecEnv`` API
+  (per-env info dicts; compiled for the common step in ``_sb3_infos``);
+- ``fastvec.doors.base``: what both share (the ring of result slots, open and closed).
+
+Neither door knows about processes, sockets or pickling: that is the engine's job.
+"""

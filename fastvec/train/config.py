@@ -1,0 +1,234 @@
+"""The trainer's configuration: ``PPOConfig`` and the ``--set key=value`` parser."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing as mp
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["PPOConfig", "ConfigError", "apply_overrides", "FIELD_KINDS"]
+
+
+class ConfigError(ValueError):
+    """A bad configuration value or key (reported as a one-line error by the CLI)."""
+
+
+@dataclass
+class PPOConfig:
+    """Every hyperparameter of the trainer; ``fastvec train --set key=value`` sets any
+    (``fastvec train ENV --list-keys`` lists them with the env's preset values)."""
+
+    # ---- environment and rollout
+    num_envs: int = 8
+    """Envs stepped in parallel."""
+    num_workers: int | None = None
+    """Engine worker processes; None: ``min(num_envs, cores)``."""
+    n_steps: int = 128
+    """T: steps per env per rollout (the engine's ring holds ``T + 1`` slots)."""
+    total_steps: int = 1_000_000
+    """Env steps (over all envs) to train for."""
+    context: str = "fork"
+    """Start method of the engine's workers (fork starts in milliseconds; see the CLI)."""
+    spin_us: float | None = None
+    """How long an idle worker busy-waits before sleeping, in microseconds (None: the engine's default)."""
+    # ---- optimisation
+    lr: float = 3e-4
+    """Adam's learning rate."""
+    anneal_lr: bool = True
+    """Decay the learning rate linearly to 0 over ``total_steps``."""
+    n_epochs: int = 4
+    """Passes over each rollout."""
+    minibatch_size: int = 256
+    """Samples per gradient step."""
+    max_grad_norm: float = 0.5
+    """Clip the gradient's global norm to this."""
+    adam_eps: float = 1e-5
+    """Adam's epsilon."""
+    target_kl: float | None = None
+    """Stop a rollout's epochs early once the approximate KL exceeds 1.5 x this (None: never)."""
+    # ---- the PPO objective
+    gamma: float = 0.99
+    """Discount."""
+    gae_lambda: float = 0.95
+    """GAE's lambda."""
+    clip_coef: float = 0.2
+    """The policy ratio's clipping range."""
+    anneal_clip: bool = False
+    """Decay ``clip_coef`` linearly as ``lr``."""
+    clip_vf: float | None = None
+    """Value clipping range (None: no value clipping)."""
+    ent_coef: float = 0.0
+    """Entropy bonus."""
+    vf_coef: float = 0.5
+    """Weight of the value loss (which carries a factor 0.5, as CleanRL's)."""
+    norm_adv: bool = True
+    """Normalise advantages over each rollout."""
+    # ---- the policy
+    hidden: tuple = (64, 64)
+    """Hidden layer sizes of the MLPs."""
+    activation: str = "tanh"
+    """Activation of the MLPs (tanh, relu, elu, gelu, silu)."""
+    ortho_init: bool = True
+    """Orthogonal initialisation (SB3's and CleanRL's gains)."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of Gaussian actions."""
+    normalize_obs: bool = False
+    """Running mean/std normalisation of observations (inside the policy)."""
+    normalize_reward: bool = False
+    """Scale rewards by the running std of the discounted return (as SB3's VecNormalize)."""
+    # ---- the run
+    seed: int = 0
+    """Seeds torch, numpy and the envs (env i gets ``seed + i``)."""
+    device: str = "auto"
+    """auto, cpu, cuda or cuda:N (auto: cuda when available)."""
+    torch_threads: int | None = None
+    """Threads while acting; None: 1 for MLPs, all cores for CNNs."""
+    learn_threads: int | None = None
+    """Threads while learning; None: as ``torch_threads``."""
+    stop_at_return: float | None = None
+    """Stop once the mean return of the last ``return_window`` episodes reaches this."""
+    solve_return: float | None = None
+    """The return reported as "solved" (default: the preset's, else the env spec's)."""
+    return_window: int = 20
+    """Episodes in the mean return."""
+    log_every_s: float = 1.0
+    """Seconds between logging points."""
+
+    def validate(self) -> "PPOConfig":
+        def pos_int(name):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+
+        for name in ("num_envs", "n_steps", "total_steps", "n_epochs", "minibatch_size", "return_window"):
+            pos_int(name)
+        for name in ("num_workers", "torch_threads", "learn_threads"):
+            if getattr(self, name) is not None:
+                pos_int(name)
+        if self.num_workers is not None and self.num_workers > self.num_envs:
+            raise ConfigError(f"num_workers={self.num_workers} exceeds num_envs={self.num_envs}")
+        for name in ("gamma", "gae_lambda"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise ConfigError(f"{name} must be in [0, 1], got {v!r}")
+        for name in ("lr", "clip_coef", "max_grad_norm", "adam_eps", "log_every_s"):
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ConfigError(f"{name} must be a positive number, got {v!r}")
+        for name in ("ent_coef", "vf_coef"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ConfigError(f"{name} must be a non-negative number, got {v!r}")
+        if self.spin_us is not None and not 0 <= self.spin_us < 1e6:
+            raise ConfigError(f"spin_us must be in [0, 1e6) microseconds or none, got {self.spin_us!r}")
+        for name in ("target_kl", "clip_vf"):
+            v = getattr(self, name)
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                raise ConfigError(f"{name} must be a positive number or none, got {v!r}")
+        if not all(isinstance(h, int) and h > 0 for h in self.hidden):
+            raise ConfigError(f"hidden must be positive layer sizes like 64,64, got {self.hidden!r}")
+        from .policies import ACTIVATIONS
+
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        if self.context not in mp.get_all_start_methods():
+            raise ConfigError(f"context must be one of {mp.get_all_start_methods()}, got {self.context!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        return self
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+
+_TRUE = {"1", "true", "yes", "on", "y", "t"}
+_FALSE = {"0", "false", "no", "off", "n", "f"}
+_NONE = {"none", "null", ""}
+
+
+def _parse_value(name: str, text: str, kind: str):
+    t = text.strip()
+    low = t.lower()
+    optional = kind.endswith("?")
+    base = kind.rstrip("?")
+    if optional and low in _NONE:
+        return None
+    try:
+        if base == "int":
+            f = float(t)  # accept 1e6 / 100_000
+            if not f.is_integer():
+                raise ValueError
+            return int(f)
+        if base == "float":
+            v = float(t)
+            if math.isnan(v):
+                raise ValueError
+            return v
+        if base == "bool":
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError
+        if base == "ints":
+            if low in _NONE:
+                return ()
+            return tuple(int(x) for x in t.replace("x", ",").split(",") if x.strip())
+        if base == "str":
+            if not t:
+                raise ValueError
+            return t
+    except ValueError:
+        pass
+    want = {"int": "an integer", "float": "a number", "bool": "true or false",
+            "ints": "comma-separated integers like 64,64", "str": "a non-empty string"}[base]
+    raise ConfigError(f"bad value for {name}: {text!r} (expected {want}{' or none' if optional else ''})")
+
+
+def _field_kinds() -> dict[str, str]:
+    kinds = {}
+    for f in dataclasses.fields(PPOConfig):
+        ann = str(f.type).replace(" ", "")
+        opt = "None" in ann
+        if ann.startswith("tuple"):
+            k = "ints"
+        elif ann.startswith("bool"):
+            k = "bool"
+        elif ann.startswith("int"):
+            k = "int"
+        elif ann.startswith("float"):
+            k = "float"
+        else:
+            k = "str"
+        kinds[f.name] = k + ("?" if opt else "")
+    return kinds
+
+
+FIELD_KINDS = _field_kinds()
+
+
+def apply_overrides(cfg: PPOConfig, items) -> PPOConfig:
+    """Apply ``["key=value", ...]`` (or a dict of already-typed values) to ``cfg``."""
+    if isinstance(items, dict):
+        for k, v in items.items():
+            if k not in FIELD_KINDS:
+                raise ConfigError(f"unknown config key {k!r}")
+            if k == "hidden" and v is not None:
+                v = tuple(v)
+            setattr(cfg, k, v)
+        return cfg
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, text = item.split("=", 1)
+        key = key.strip().replace("-", "_")
+        if key not in FIELD_KINDS:
+            close = [k for k in FIELD_KINDS if key in k or k in key]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(f"unknown --set key {key!r}{hint}; known keys: {', '.join(sorted(FIELD_KINDS))}")
+        setattr(cfg, key, _parse_value(key, text, FIELD_KINDS[key]))
+    return cfg

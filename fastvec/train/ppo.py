@@ -1,0 +1,430 @@
+"""PPO itself: acting into the storage, targets (GAE), the clipped update.
+
+Per-step overhead is kept small: acting runs under ``torch.inference_mode()`` with a
+functional forward of the actor only (values and old log-probs of MLP policies are
+computed for the whole rollout in one batched pass afterwards), sampling noise is
+drawn once per rollout, actions are written in place into the storage's action slot,
+and episode statistics are computed per rollout, vectorised over time. The update
+uses one flat parameter / gradient tensor (one-tensor Adam and gradient clipping) and
+permutes the packed per-sample data once per epoch.
+
+Truncation is bootstrapped: ``next_values[t] = V(final_obs[t])`` where an episode was
+truncated at step ``t`` (terminated steps do not bootstrap), ``V(obs[t + 1])``
+elsewhere; advantages come from :func:`fastvec.gae`.
+
+Threads: ``torch_threads`` defaults to 1 for MLP policies (on 2 cores, 2 threads are
+no faster for a 64x64 MLP and fight the env workers for the second core) and to all
+cores for CNNs (the env workers sleep while the policy runs: acting is synchronous).
+"""
+from __future__ import annotations
+
+import collections
+import math
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ..gae import gae
+from ..options import available_cores
+from .config import ConfigError, PPOConfig
+from .policies import ActorCritic, GaussianDist, is_image_space, make_policy
+from .rollout import Rollout
+
+__all__ = ["PPO", "FlatAdam", "flatten_parameters", "resolve_device", "warm_up_torch"]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device cuda requested but CUDA is not available")
+    return dev
+
+
+def flatten_parameters(module: nn.Module):
+    """Make every trainable parameter of ``module`` (and its gradient) a view into one
+    flat tensor; returns ``(flat_param, flat_grad)``. The optimiser then steps one
+    tensor and gradient clipping is one norm: for tiny MLPs that is a third of the cost
+    of an update step. Autograd accumulates into the existing ``.grad`` views in place;
+    zero ``flat_grad`` (never set grads to None) between steps."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    total = sum(p.numel() for p in params)
+    flat = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)
+    grad = torch.zeros_like(flat)
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            flat[off:off + n].copy_(p.reshape(-1))
+            p.data = flat[off:off + n].view_as(p)
+            p.grad = grad[off:off + n].view_as(p)
+            off += n
+    flat_param = nn.Parameter(flat)
+    flat_param.grad = grad
+    return flat_param, grad
+
+
+class FlatAdam:
+    """Adam (Kingma & Ba; torch.optim.Adam's arithmetic, no AMSGrad, no weight decay)
+    for one flat parameter: six in-place ops per step instead of torch.optim's
+    per-step Python machinery (which costs more than a tiny MLP's backward pass)."""
+
+    def __init__(self, param: torch.Tensor, lr: float, eps: float = 1e-8, betas=(0.9, 0.999)):
+        self.param = param
+        self.lr, self.eps = lr, eps
+        self.b1, self.b2 = betas
+        self.m = torch.zeros_like(param)
+        self.v = torch.zeros_like(param)
+        self.t = 0
+        self._denom = torch.empty_like(param)
+
+    def step(self) -> None:
+        g = self.param.grad
+        self.t += 1
+        b1, b2 = self.b1, self.b2
+        bc1 = 1.0 - b1 ** self.t
+        bc2 = 1.0 - b2 ** self.t
+        with torch.no_grad():
+            self.m.lerp_(g, 1.0 - b1)
+            self.v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+            torch.sqrt(self.v, out=self._denom).div_(math.sqrt(bc2)).add_(self.eps)
+            self.param.addcdiv_(self.m, self._denom, value=-self.lr / bc1)
+
+    def state_dict(self) -> dict:
+        return {"m": self.m, "v": self.v, "t": self.t, "lr": self.lr, "eps": self.eps,
+                "betas": (self.b1, self.b2)}
+
+
+_WARM = False
+
+
+def warm_up_torch() -> None:
+    """First-use costs (autograd engine start-up) before the clock starts. The trainer
+    never builds a ``torch.optim`` optimiser, whose first construction imports
+    ``torch._dynamo`` (3-6 s here)."""
+    global _WARM
+    if not _WARM:
+        p = nn.Parameter(torch.zeros(2))
+        (p * 2).sum().backward()
+        _WARM = True
+
+
+class _EpisodeTracker:
+    """Episode returns and lengths from a rollout's rewards and flags, vectorised over
+    time (a Python loop only over the episodes that ended)."""
+
+    def __init__(self, n: int, window: int):
+        self.ret = np.zeros(n)
+        self.len = np.zeros(n, np.int64)
+        self.window = collections.deque(maxlen=window)
+        self.recent_returns: list[float] = []
+        self.recent_lengths: list[int] = []
+        self.episodes = 0
+
+    def update(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
+        T = rewards.shape[0]
+        done = terminated | truncated
+        if not done.any():
+            self.ret += rewards.sum(0)
+            self.len += T
+            return
+        cum = np.cumsum(rewards, 0)
+        base_r = np.zeros_like(self.ret)
+        base_t = np.zeros_like(self.len)
+        ts, ns = np.nonzero(done)
+        for t, n in zip(ts.tolist(), ns.tolist()):
+            r = float(self.ret[n] + cum[t, n] - base_r[n])
+            length = int(self.len[n] + t + 1 - base_t[n])
+            self.window.append(r)
+            self.recent_returns.append(r)
+            self.recent_lengths.append(length)
+            self.ret[n] = 0.0
+            self.len[n] = 0
+            base_r[n] = cum[t, n]
+            base_t[n] = t + 1
+        self.episodes += len(ts)
+        self.ret += cum[-1] - base_r
+        self.len += T - base_t
+
+    def mean(self):
+        return float(np.mean(self.window)) if self.window else None
+
+    def full(self) -> bool:
+        return len(self.window) == self.window.maxlen
+
+    def drain(self):
+        r, l = self.recent_returns, self.recent_lengths
+        self.recent_returns, self.recent_lengths = [], []
+        return r, l
+
+
+class _RewardScaler:
+    """SB3 VecNormalize-style reward scaling: divide by the running std of the
+    discounted return (per env), clip to +-10."""
+
+    def __init__(self, n: int, gamma: float, clip: float = 10.0, eps: float = 1e-8):
+        self.acc = np.zeros(n)
+        self.gamma, self.clip, self.eps = gamma, clip, eps
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
+
+    def __call__(self, rewards, done) -> np.ndarray:
+        T = rewards.shape[0]
+        rets = np.empty_like(rewards)
+        for t in range(T):
+            self.acc = self.acc * self.gamma + rewards[t]
+            rets[t] = self.acc
+            self.acc[done[t]] = 0.0
+        b_mean, b_var, n = rets.mean(), rets.var(), rets.size
+        delta = b_mean - self.mean
+        tot = self.count + n
+        self.mean += delta * n / tot
+        self.var = (self.var * self.count + b_var * n + delta ** 2 * self.count * n / tot) / tot
+        self.count = tot
+        return np.clip(rewards / math.sqrt(self.var + self.eps), -self.clip, self.clip).astype(np.float32)
+
+
+class PPO:
+    """The trainer's state: storage, policy, optimiser, rollout, statistics; ``collect``
+    runs a rollout, ``prepare`` computes its targets, ``update`` learns from it."""
+
+    def __init__(self, cfg: PPOConfig, storage, device: torch.device, policy: ActorCritic | None = None):
+        self.cfg, self.storage, self.device = cfg, storage, device
+        obs_space, act_space = storage.single_observation_space, storage.single_action_space
+        # Threads first: results (even the initial weights) depend on the thread count.
+        cnn = is_image_space(obs_space)
+        self.act_threads = cfg.torch_threads or (available_cores() if cnn else 1)
+        self.learn_threads = cfg.learn_threads or cfg.torch_threads or (available_cores() if cnn else 1)
+        self._threads = None
+        self._set_threads(self.learn_threads)
+        self.policy = policy or make_policy(
+            obs_space, act_space, hidden=cfg.hidden, activation=cfg.activation, ortho_init=cfg.ortho_init,
+            log_std_init=cfg.log_std_init, normalize_obs=cfg.normalize_obs)
+        self.policy.to(device)
+        self.flat_param, self.flat_grad = flatten_parameters(self.policy)
+        self.opt = FlatAdam(self.flat_param, cfg.lr, cfg.adam_eps)
+        self.T, self.N = cfg.n_steps, storage.num_envs
+        self.rollout = Rollout(storage, self.policy, self.T, device)
+        self.tracker = _EpisodeTracker(self.N, cfg.return_window)
+        self.reward_scaler = _RewardScaler(self.N, cfg.gamma) if cfg.normalize_reward else None
+        self.env_steps = 0
+        self.updates = 0
+        self.curve: list[tuple[int, float]] = []
+        self.stats: dict = {}
+        self.t_act = self.t_env = self.t_learn = self.t_prep = 0.0
+        self._batch = self.T * self.N
+        self.num_updates = max(1, cfg.total_steps // self._batch)
+
+    def _set_threads(self, n: int) -> None:
+        if self._threads != n:
+            torch.set_num_threads(n)
+            self._threads = n
+
+    # ------------------------------------------------------------------ acting
+    def collect(self) -> None:
+        """One rollout of T steps on every env (see the module docstring)."""
+        ro, T = self.rollout, self.T
+        self._set_threads(self.act_threads)
+        policy_act = self.policy.act_
+        step = self.storage.step
+        obs_s, act_s, noise_s, raw_s = ro.obs_slots, ro.act_slots, ro.noise_slots, ro.raw_slots
+        logp_s, val_s = ro.logp_slots, ro.value_slots
+        perf = time.perf_counter
+        t_act = t_env = 0.0
+        with torch.inference_mode():
+            self.policy.dist.sample_noise(ro.noise)
+            if ro.cuda:
+                obs_h, act_h = ro.obs_host_slots, ro.act_host_slots
+                for t in range(T):
+                    t0 = perf()
+                    obs_s[t].copy_(obs_h[t], non_blocking=True)
+                    policy_act(obs_s[t], noise_s[t], act_s[t + 1], raw_s[t], logp_s[t], val_s[t])
+                    act_h[t + 1].copy_(act_s[t + 1])  # synchronous: the env needs it now
+                    t1 = perf()
+                    step(t + 1)
+                    t_env += perf() - t1
+                    t_act += t1 - t0
+                obs_s[T].copy_(obs_h[T], non_blocking=True)
+            else:
+                for t in range(T):
+                    t0 = perf()
+                    policy_act(obs_s[t], noise_s[t], act_s[t + 1], raw_s[t], logp_s[t], val_s[t])
+                    t1 = perf()
+                    step(t + 1)
+                    t_env += perf() - t1
+                    t_act += t1 - t0
+        self.t_act += t_act
+        self.t_env += t_env
+        self.last_env_latency = t_env / T
+        self.last_act_latency = t_act / T
+        self.env_steps += T * self.N
+        b = self.storage
+        tr = self.tracker
+        n_before = tr.episodes
+        tr.update(b.rewards[1:], b.terminated[1:], b.truncated[1:])
+        if tr.episodes != n_before:  # for the learning-curve PNG
+            self.curve.append((self.env_steps, tr.mean()))
+
+    # ------------------------------------------------------------------ targets
+    @torch.no_grad()
+    def prepare(self) -> None:
+        """Values, old log-probs, truncation bootstrap and GAE for the rollout."""
+        t0 = time.perf_counter()
+        cfg, ro, b, T, N = self.cfg, self.rollout, self.storage, self.T, self.N
+        pol = self.policy
+        self._set_threads(self.learn_threads)
+        if pol.obs_norm is not None:
+            pol.update_obs_norm(ro.obs_dev[1:])
+        if not pol.values_at_act:
+            # One batched pass over the rollout (the policy did not change while acting).
+            flat = ro.obs_dev.reshape((T + 1) * N, *ro.obs.shape[2:])
+            params, v = pol.params_and_value(flat)
+            ro.values.copy_(v.view(T + 1, N))
+            ro.logp.copy_(pol.dist.log_prob(params[: T * N], ro.batch_actions()).view(T, N))
+        else:
+            ro.values[T].copy_(pol.value(ro.obs_slots[T]))
+        if ro.cuda:
+            ro.values_host.copy_(ro.values)  # device -> pinned host, synchronous
+        term, trunc = b.terminated[1:], b.truncated[1:]
+        np.copyto(ro.next_values_np, ro.values_np[1:])
+        boot = trunc & ~term
+        if boot.any():
+            ts, ns = np.nonzero(boot)
+            final = torch.from_numpy(b.final_obs[1:][ts, ns]).to(self.device)
+            ro.next_values_np[ts, ns] = pol.value(final).float().cpu().numpy()
+        rewards = b.rewards[1:]
+        if self.reward_scaler is not None:
+            rewards = self.reward_scaler(rewards, term | trunc)
+        gae(rewards, ro.values_np[:T], ro.next_values_np, term, trunc, cfg.gamma, cfg.gae_lambda,
+            out=(ro.adv_np, ro.ret_np))
+        if ro.cuda:
+            ro.adv.copy_(torch.from_numpy(ro.adv_np), non_blocking=True)
+            ro.ret.copy_(torch.from_numpy(ro.ret_np), non_blocking=True)
+        self.t_prep += time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ learning
+    def update(self) -> None:
+        """``n_epochs`` passes of minibatch PPO over the rollout.
+
+        Per epoch the per-sample data is permuted with one gather (observations, old
+        log-probs, advantages, returns and old values packed in one float tensor when
+        the observations are small vectors), so a minibatch is a contiguous slice.
+        Advantages are normalised over the whole batch, once. KL and clip-fraction
+        statistics are computed in the last epoch only, or in every minibatch when
+        ``target_kl`` needs them.
+        """
+        t0 = time.perf_counter()
+        cfg, ro, pol = self.cfg, self.rollout, self.policy
+        self._set_threads(self.learn_threads)
+        frac = max(1.0 - self.updates / self.num_updates, 0.0)
+        lr = cfg.lr * frac if cfg.anneal_lr else cfg.lr
+        self.opt.lr = lr
+        clip = max(cfg.clip_coef * frac if cfg.anneal_clip else cfg.clip_coef, 1e-8)
+        B = self._batch
+        mb = min(cfg.minibatch_size, B)
+        obs = ro.batch_obs()
+        acts = ro.batch_actions()
+        adv = ro.adv.view(B)
+        if cfg.norm_adv and B > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        cols = [ro.logp.view(B, 1), adv.view(B, 1), ro.ret.view(B, 1), ro.values[: self.T].reshape(B, 1)]
+        packed_obs = pol.packable_obs
+        if packed_obs:
+            D = pol.obs_dim
+            data = torch.cat([obs.reshape(B, D).float(), *cols], 1)
+        else:
+            D = 0
+            data = torch.cat(cols, 1)
+        grad, max_norm = self.flat_grad, cfg.max_grad_norm
+        clip_vf, ent_coef, vf_coef, target_kl = cfg.clip_vf, cfg.ent_coef, cfg.vf_coef, cfg.target_kl
+        dist = pol.dist
+        stats = collections.defaultdict(list)
+        stop = False
+        epochs_done = 0
+        n_mb = 0
+        for epoch in range(cfg.n_epochs):
+            last_epoch = epoch == cfg.n_epochs - 1
+            want_stats = last_epoch or target_kl is not None
+            if mb < B:
+                perm = torch.randperm(B, device=self.device)
+                data_e, acts_e = data[perm], acts[perm]
+                obs_e = None if packed_obs else obs[perm]
+            else:
+                data_e, acts_e, obs_e = data, acts, (None if packed_obs else obs)
+            for start in range(0, B - 1, mb):
+                rows = data_e[start:start + mb]
+                if rows.shape[0] < 2:
+                    continue
+                a = acts_e[start:start + mb]
+                o = rows[:, :D] if packed_obs else obs_e[start:start + mb]
+                olp, adv_b, ret, ov = rows[:, D], rows[:, D + 1], rows[:, D + 2], rows[:, D + 3]
+                params, v = pol.params_and_value(o)
+                logp, ent = dist.log_prob_entropy(params, a, need_entropy=bool(ent_coef) or want_stats)
+                logratio = logp - olp
+                ratio = logratio.exp()
+                pg_loss = -torch.min(adv_b * ratio, adv_b * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
+                if clip_vf is not None:
+                    v_clipped = ov + (v - ov).clamp(-clip_vf, clip_vf)
+                    v_loss = torch.max((v - ret).square(), (v_clipped - ret).square()).mean()
+                else:
+                    v_loss = (v - ret).square().mean()
+                loss = pg_loss + (0.5 * vf_coef) * v_loss
+                if ent_coef:
+                    ent_mean = ent.mean()
+                    loss = loss - ent_coef * ent_mean
+                if want_stats:
+                    with torch.no_grad():
+                        approx_kl = ((ratio - 1.0) - logratio).mean()
+                        if target_kl is not None and approx_kl.item() > 1.5 * target_kl:
+                            stop = True
+                            stats["kl"].append(approx_kl)
+                            break
+                        stats["kl"].append(approx_kl)
+                        stats["cf"].append(((ratio - 1.0).abs() > clip).float().mean())
+                        stats["pg"].append(pg_loss.detach())
+                        stats["v"].append(0.5 * v_loss.detach())
+                        stats["ent"].append(ent.detach().mean())
+                grad.zero_()
+                loss.backward()
+                # clip_grad_norm_ on the one flat gradient
+                grad.mul_((max_norm / (grad.norm() + 1e-6)).clamp_(max=1.0))
+                self.opt.step()
+                n_mb += 1
+            epochs_done = epoch + 1
+            if stop:
+                break
+        self.updates += 1
+        if ro.cuda:
+            torch.cuda.synchronize()
+        self.t_learn += time.perf_counter() - t0
+        self._learn_samples = getattr(self, "_learn_samples", 0) + n_mb * mb
+        self.grad_steps = getattr(self, "grad_steps", 0) + n_mb
+        self._last_stats = (stats, lr, clip, epochs_done, stop)
+
+    def summarize(self) -> dict:
+        """Losses etc. of the last update (reads tensors: call at logging time only)."""
+        if not hasattr(self, "_last_stats"):
+            return {}
+        stats, lr, clip, epochs_done, stop = self._last_stats
+        ro, T = self.rollout, self.T
+
+        def mean(key):
+            xs = stats.get(key)
+            return float(torch.stack(xs).mean()) if xs else None
+
+        with torch.no_grad():
+            ret = ro.ret.reshape(-1)
+            v = ro.values[:T].reshape(-1)
+            var_y = ret.var()
+            ev = float(1.0 - (ret - v).var() / var_y) if var_y > 0 else float("nan")
+        out = {
+            "losses/policy": mean("pg"), "losses/value": mean("v"), "losses/entropy": mean("ent"),
+            "losses/approx_kl": mean("kl"), "losses/clip_fraction": mean("cf"),
+            "losses/explained_variance": ev, "losses/learning_rate": lr, "losses/clip_coef": clip,
+            "losses/epochs": epochs_done, "losses/kl_early_stop": int(stop),
+        }
+        if isinstance(self.policy.dist, GaussianDist):
+            out["losses/action_std"] = float(self.policy.dist.log_std.detach().exp().mean())
+        return out

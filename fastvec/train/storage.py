@@ -1,0 +1,268 @@
+"""Rollout storage: where the trainer's rollouts live, one protocol for every source.
+
+A storage has ``num_envs``, ``num_workers``, ``single_observation_space``,
+``single_action_space``, ``kind``, ``worker_pids`` and ``[T + 1, N, ...]`` arrays
+``obs``, ``final_obs``, ``act``, ``rewards``, ``terminated`` and ``truncated``;
+``reset(seed)`` writes the first observations into slot 0, ``step(t)`` steps every env
+on the actions in ``act[t]`` and writes step t's results into slot ``t`` (``final_obs``
+where an episode ended), ``arrays()`` lists what to page-lock for CUDA and ``close()``.
+
+- ``EngineStorage``: the engine's own shared memory, zero copy;
+- ``GymVectorStorage``, ``SB3VecStorage`` (``storage_for(venv)`` picks one): own arrays
+  of the same layout, filled from a vector env the caller owns (how the benchmarks
+  compare the transports).
+
+``HostPin`` page-locks arrays for asynchronous copies to a GPU.
+"""
+from __future__ import annotations
+
+import mmap
+import warnings
+
+import numpy as np
+import torch
+
+from .._core.layout import leaves_of
+from .._core.base import IN_SLOT
+
+__all__ = ["EngineStorage", "GymVectorStorage", "SB3VecStorage", "storage_for", "HostPin"]
+
+
+def _single_leaf(space, what: str):
+    from gymnasium import spaces
+
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        raise ValueError(
+            f"the PPO trainer needs a single (non Dict/Tuple) {what} space, got {space}; "
+            "flatten it with a gymnasium wrapper"
+        )
+
+
+class EngineStorage:
+    """Rollout storage = an engine's shared memory (zero copy): a ``fastvec.engine.Engine``
+    or a ``fastvec.ray.RayEngine`` started with ``num_slots = n_steps + 1`` and
+    ``autoreset_mode="same_step"``. Closing the storage closes the engine (it also does
+    when the spaces do not suit the trainer)."""
+
+    def __init__(self, engine, kind: str = "fastvec"):
+        self.kind = kind
+        self.engine = eng = engine
+        try:
+            _single_leaf(eng.single_observation_space, "observation")
+            _single_leaf(eng.single_action_space, "action")
+            if eng.autoreset_mode != "same_step":
+                raise ValueError(f"the PPO trainer needs an engine with autoreset_mode='same_step', "
+                                 f"got {eng.autoreset_mode!r}")
+        except ValueError:
+            eng.close()
+            raise
+        self.num_envs = eng.num_envs
+        self.num_workers = eng.num_workers
+        self.single_observation_space = eng.single_observation_space
+        self.single_action_space = eng.single_action_space
+        self.obs = eng.obs_bufs[0]
+        self.final_obs = eng.final_bufs[0]
+        self.act = eng.act_bufs[0]
+        self.rewards = eng.rewards
+        self.terminated = eng.terminated
+        self.truncated = eng.truncated
+        self._step_async = eng.step_async
+        self._step_wait = eng.step_wait
+
+    @property
+    def worker_pids(self) -> list[int]:
+        # Ray actors run on their own nodes: their pids mean nothing to this machine's psutil.
+        return self.engine.worker_pids if self.kind == "fastvec" else []
+
+    def arrays(self) -> list[np.ndarray]:
+        return [self.obs, self.final_obs, self.act, self.rewards, self.terminated, self.truncated]
+
+    def reset(self, seed: int | None) -> None:
+        kw = {i: ({"seed": seed + i} if seed is not None else {}) for i in range(self.num_envs)}
+        self.engine.reset(0, kw)
+
+    def step(self, slot: int) -> None:
+        self._step_async(IN_SLOT, slot)  # the policy wrote the actions into the slot
+        self._step_wait()
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def alloc(shape, dtype, pin: bool) -> np.ndarray:
+    if pin:
+        t = torch.empty(shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype, pin_memory=True)
+        return t.numpy()
+    return np.zeros(shape, dtype)
+
+
+class _CopyStorage:
+    """Own buffers with the engine's layout, filled from another vector env."""
+
+    def _alloc_arrays(self, num_slots: int, pin: bool) -> None:
+        _single_leaf(self.single_observation_space, "observation")
+        _single_leaf(self.single_action_space, "action")
+        (o,), (a,) = leaves_of(self.single_observation_space), leaves_of(self.single_action_space)
+        S, N = num_slots, self.num_envs
+        self.obs = alloc((S, N, *o.shape), o.dtype, pin)
+        self.final_obs = alloc((S, N, *o.shape), o.dtype, pin)
+        self.act = alloc((S, N, *a.shape), a.dtype, pin)
+        self.rewards = alloc((S, N), np.float64, pin)
+        self.terminated = alloc((S, N), np.bool_, pin)
+        self.truncated = alloc((S, N), np.bool_, pin)
+
+    worker_pids: list = []
+
+    def arrays(self) -> list[np.ndarray]:
+        return []  # already pinned at allocation when needed
+
+    def close(self) -> None:  # the caller owns the vector env
+        pass
+
+
+class GymVectorStorage(_CopyStorage):
+    """A gymnasium ``VectorEnv`` with same-step autoreset (``info["final_obs"]``)."""
+
+    kind = "gymnasium"
+
+    def __init__(self, venv, num_slots: int, pin: bool = False):
+        from gymnasium.vector import AutoresetMode
+
+        mode = venv.metadata.get("autoreset_mode", None)
+        if mode not in (AutoresetMode.SAME_STEP, "same_step", "SameStep"):
+            raise ValueError(
+                "the PPO trainer needs a gymnasium VectorEnv with "
+                "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP, got "
+                f"{mode!r}"
+            )
+        self.venv = venv
+        self.num_envs = venv.num_envs
+        self.single_observation_space = venv.single_observation_space
+        self.single_action_space = venv.single_action_space
+        self.num_workers = getattr(venv, "num_workers", None)
+        self._alloc_arrays(num_slots, pin)
+        self.worker_pids = [p.pid for p in getattr(venv, "processes", [])]
+
+    def reset(self, seed):
+        obs, _ = self.venv.reset(seed=seed)
+        self.obs[0] = obs
+
+    def step(self, slot):
+        obs, rew, term, trunc, info = self.venv.step(self.act[slot])
+        self.obs[slot] = obs
+        self.rewards[slot] = rew
+        self.terminated[slot] = term
+        self.truncated[slot] = trunc
+        mask = info.get("_final_obs")
+        if mask is not None and mask.any():
+            fo = info["final_obs"]
+            for i in np.flatnonzero(mask):
+                self.final_obs[slot, i] = fo[i]
+
+
+class SB3VecStorage(_CopyStorage):
+    """A ``step_async`` / ``step_wait`` vector env: SB3's ``VecEnv`` API (``step`` ->
+    obs, rewards, dones, infos, truncation in ``infos[i]["TimeLimit.truncated"]``) or a
+    baselines-style ``SubprocVecEnv`` with gymnasium's 5-tuple (``step`` -> obs,
+    rewards, terminated, truncated, infos). Either way the final observation of an
+    ended episode must be in ``infos[i]["terminal_observation"]`` (or ``"final_obs"``):
+    without it a truncated episode cannot be bootstrapped."""
+
+    kind = "subproc"
+
+    def __init__(self, venv, num_slots: int, pin: bool = False):
+        self.venv = venv
+        self.num_envs = venv.num_envs
+        self.single_observation_space = venv.observation_space
+        self.single_action_space = venv.action_space
+        procs = getattr(venv, "processes", None) or getattr(venv, "ps", None) or []
+        self.num_workers = len(procs) or None
+        self._alloc_arrays(num_slots, pin)
+        self.worker_pids = [p.pid for p in procs]
+
+    def reset(self, seed):
+        import inspect
+
+        try:
+            takes_seed = "seed" in inspect.signature(self.venv.reset).parameters
+        except (TypeError, ValueError):
+            takes_seed = False
+        if takes_seed:
+            out = self.venv.reset(seed=seed)
+        else:  # SB3: seed() then reset()
+            if seed is not None:
+                self.venv.seed(seed)
+            out = self.venv.reset()
+        self.obs[0] = out[0] if isinstance(out, tuple) else out
+
+    def step(self, slot):
+        out = self.venv.step(self.act[slot])
+        if len(out) == 5:
+            obs, rew, term, trunc, infos = out
+            self.terminated[slot] = term
+            self.truncated[slot] = trunc
+            done = np.logical_or(term, trunc)
+        else:
+            obs, rew, done, infos = out
+            self.terminated[slot] = done
+            self.truncated[slot] = False
+        self.obs[slot] = obs
+        self.rewards[slot] = rew
+        if done.any():
+            for i in np.flatnonzero(done):
+                info = infos[i]
+                final = info.get("terminal_observation", info.get("final_obs"))
+                if final is None:
+                    raise ValueError(
+                        f"{type(self.venv).__name__} does not report the final observation of an "
+                        "ended episode (infos[i]['terminal_observation']); the trainer needs it")
+                self.final_obs[slot, i] = final
+                if len(out) == 4 and info.get("TimeLimit.truncated", False):
+                    self.truncated[slot, i] = True
+                    self.terminated[slot, i] = False
+
+
+def storage_for(venv, num_slots: int, pin: bool = False):
+    """Wrap a vector env the trainer did not create itself."""
+    import gymnasium as gym
+
+    if isinstance(venv, gym.vector.VectorEnv):
+        return GymVectorStorage(venv, num_slots, pin)
+    if hasattr(venv, "step_async") and hasattr(venv, "step_wait") and hasattr(venv, "num_envs"):
+        return SB3VecStorage(venv, num_slots, pin)
+    raise ValueError(f"cannot train on {type(venv).__name__}: give a gymnasium VectorEnv or an SB3 VecEnv")
+
+
+class HostPin:
+    """Page-locks the memory under ``arrays`` with ``cudaHostRegister`` (one region:
+    the arrays are carved out of one segment and share pages, and CUDA refuses to
+    register a page twice); ``release()`` unregisters (before the engine closes)."""
+
+    def __init__(self, arrays):
+        self.ptr = None
+        arrays = [a for a in arrays if a is not None and a.nbytes]
+        if not arrays:
+            return
+        page = mmap.PAGESIZE
+        lo = min(a.ctypes.data for a in arrays)
+        hi = max(a.ctypes.data + a.nbytes for a in arrays)
+        start, end = lo - lo % page, -(-hi // page) * page
+        err = torch.cuda.cudart().cudaHostRegister(start, end - start, 0)
+        code = int(getattr(err, "value", err))
+        if code != 0:
+            warnings.warn(f"cudaHostRegister failed (error {code}); rollout copies will not be asynchronous")
+            return
+        self.ptr, self.nbytes = start, end - start
+
+    @property
+    def pinned(self) -> bool:
+        return self.ptr is not None
+
+    def release(self) -> None:
+        if self.ptr is not None:
+            torch.cuda.synchronize()  # no copy from these pages may still be in flight
+            err = torch.cuda.cudart().cudaHostUnregister(self.ptr)
+            self.ptr = None
+            code = int(getattr(err, "value", err))
+            if code != 0:
+                warnings.warn(f"cudaHostUnregister failed (error {code})")
