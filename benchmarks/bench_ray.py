@@ -46,6 +46,8 @@ import time
 
 import numpy as np
 
+from fastvec.options import available_cores
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 WORKLOADS = {
@@ -62,13 +64,6 @@ def _fns(name: str, n: int):
     if name == "pong":
         return [make_pong] * n
     return [functools.partial(make_gym, "CartPole-v1")] * n
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def _make(kind: str, fns, workers: int):
@@ -99,7 +94,7 @@ def bench_workload(name: str, kinds, repeats: int, steps: int | None, seed: int,
     spec = WORKLOADS[name]
     n = spec["num_envs"]
     steps = steps or spec["steps"]
-    workers = min(n, _cores())
+    workers = min(n, available_cores())
     fns = _fns(name, n)
     envs = {}
     try:
@@ -246,7 +241,7 @@ def main(argv=None) -> int:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    results["machine"] = {"cpu": cpu, "cores": _cores(), "python": platform.python_version(),
+    results["machine"] = {"cpu": cpu, "cores": available_cores(), "python": platform.python_version(),
                           "ray": ray.__version__, "numpy": np.__version__, "load_before": load_before,
                           "load_after": tuple(round(x, 2) for x in os.getloadavg())}
     md = _md(results)
