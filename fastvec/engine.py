@@ -79,7 +79,7 @@ class Engine(WorkerReplies, EngineBase):
     def __init__(self, env_fns: Sequence[Callable], options: EngineOptions | None = None, *,
                  num_workers: int | None = None, **option_kwargs):
         self._closed = True  # until fully started
-        self.options = EngineOptions(**option_kwargs) if options is None else options.replace(**option_kwargs)
+        self._take_options(EngineOptions(**option_kwargs) if options is None else options.replace(**option_kwargs))
         env_fns = check_env_fns(env_fns)
         num_envs = len(env_fns)
         if num_workers is None:
@@ -226,7 +226,7 @@ class Engine(WorkerReplies, EngineBase):
             if n_table == 0:  # no env had an info to report
                 self._last_slot = slot
                 return StepResult(self, slot)
-            if n_table == self.num_workers and (table := self._table.form()) is not None:
+            if n_table == self.num_workers and (table := self._table.form) is not None:
                 self._last_slot = slot
                 return StepResult(self, slot, table=table)
         # Anything else (payloads, errors, a dead or silent worker): the general path,
@@ -241,7 +241,7 @@ class Engine(WorkerReplies, EngineBase):
     def _result(self, slot: int, reports: dict) -> StepResult:
         """Workers' step reports -> one ``StepResult``."""
         if len(reports) == self.num_workers and all(r is TABLE_REPORT for r in reports.values()):
-            table = self._table.form()
+            table = self._table.form
             if table is not None:
                 return StepResult(self, slot, table=table)
         parts, records = [], []

@@ -64,21 +64,14 @@ class EngineBase:
         self._flat_obs = len(self.obs_bufs) == 1 and not isinstance(
             self.single_observation_space, (spaces.Dict, spaces.Tuple))
 
-    @property
-    def num_slots(self) -> int:
-        return self.options.num_slots
-
-    @property
-    def autoreset_mode(self) -> str:
-        return self.options.autoreset_mode
-
-    @property
-    def step_timeout(self) -> float | None:
-        return self.options.step_timeout
-
-    @property
-    def restart_on_error(self) -> bool:
-        return self.options.restart_on_error
+    def _take_options(self, options) -> None:
+        """Keep ``options`` (an ``EngineOptions``) and, as plain attributes for the step
+        path, the fields read there."""
+        self.options = options
+        self.num_slots = options.num_slots
+        self.autoreset_mode = options.autoreset_mode
+        self.step_timeout = options.step_timeout
+        self.restart_on_error = options.restart_on_error
 
     @property
     def closed(self) -> bool:

@@ -259,13 +259,9 @@ class InfoTable:
         self.schemas[w] = schema
         first = self.schemas[0]
         self.uniform = first if all(s == first for s in self.schemas) else None
-
-    def form(self):
-        """``StepResult.table`` for a step every worker reported through the table, or
-        None when their schemas differ."""
-        if self.uniform is None:
-            return None
-        return self.info_i, self.info_f, self.mask, self.uniform
+        # ``StepResult.table`` for a step every worker reported through the table, or
+        # None when their schemas differ (made once per schema: it is read every step).
+        self.form = None if self.uniform is None else (self.info_i, self.info_f, self.mask, self.uniform)
 
     def worker_columns(self, w: int, slot: int) -> dict:
         """Worker w's infos of ``slot``, as columns with global env indices."""

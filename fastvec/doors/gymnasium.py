@@ -211,6 +211,8 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
             # Envs that ended with empty infos sent no record: their final_obs and
             # (empty) final_info still belong in the infos, in env order.
             infos = self._merge_infos(with_quiet_ends(result.as_records(), ended), slot, True)
+        elif result.table is None and result.columns is None and not result.records:
+            infos = {}  # no env reported anything (CartPole): the commonest step of all
         else:
             infos = self._infos(result, same_step)
         return (
@@ -224,8 +226,6 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
     def _infos(self, result: StepResult, same_step: bool) -> dict[str, Any]:
         """gymnasium's infos of a step: from the info table in one compiled pass when
         every env set every key, else from columns or records."""
-        if result.table is None and result.columns is None and not result.records:
-            return {}  # no env reported anything (CartPole): the commonest step of all
         if result.table is not None:
             info_i, info_f, mask, schema = result.table
             if self._cols_for is not schema:

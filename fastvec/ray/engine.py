@@ -64,7 +64,7 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
         self._closed = True  # until fully started
         # ---- everything that can be checked before touching Ray
         ray_kwargs = {k: kwargs.pop(k) for k in RayPlacement.field_names() if k in kwargs}
-        self.options = EngineOptions(**kwargs) if options is None else options.replace(**kwargs)
+        self._take_options(EngineOptions(**kwargs) if options is None else options.replace(**kwargs))
         self.ray_placement = placement = RayPlacement(**ray_kwargs) if placement is None else \
             dataclasses.replace(placement, **ray_kwargs)
         env_fns = check_env_fns(env_fns)
