@@ -116,12 +116,5 @@ class EngineOptions:
             raise ValueError(f"context must be one of {mp.get_all_start_methods()}, got {self.context!r}")
         self.restart_on_error = bool(self.restart_on_error)
 
-    @classmethod
-    def split(cls, kwargs: dict) -> tuple["EngineOptions", dict]:
-        """``(EngineOptions of the keys it has, the other keys)``."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        mine = {k: v for k, v in kwargs.items() if k in names}
-        return cls(**mine), {k: v for k, v in kwargs.items() if k not in names}
-
     def replace(self, **changes) -> "EngineOptions":
         return dataclasses.replace(self, **changes)
