@@ -33,8 +33,6 @@ from ._core.shm import create_segment
 from ._core.supervisor import CLOSE_GRACE_S, Supervisor
 from .errors import WorkerError
 from .options import (
-    DEFAULT_MAIN_SPIN_US,
-    DEFAULT_SPIN_US,
     EngineOptions,
     available_cores,
     check_env_fns,
@@ -88,8 +86,9 @@ class Engine(WorkerReplies, EngineBase):
         if num_workers > num_envs:
             raise ValueError(f"num_workers={num_workers} exceeds num_envs={num_envs}")
         opts = self.options
-        self.spin_us = DEFAULT_SPIN_US if opts.spin_us is None else opts.spin_us
-        self.main_spin_us = DEFAULT_MAIN_SPIN_US if opts.main_spin_us is None else opts.main_spin_us
+        # None: waits that learn the loop (channel.pyx); a number: a fixed spin, then sleep.
+        self.spin_us = opts.spin_us
+        self.main_spin_us = opts.main_spin_us
         ctx = mp.get_context(opts.context)
         self.context = ctx.get_start_method()
         self.num_envs = num_envs
@@ -139,8 +138,9 @@ class Engine(WorkerReplies, EngineBase):
         # step()'s action fast path: one plain leaf with a compiled bounds check.
         writer = self._action_writer
         self._fast_action = None if writer.nested or writer.checks[0].fast is None else writer.checks[0]
-        self._ctl = channel.Controller(arrays["ctl"], self._sup.fds, self.main_spin_us)
-        self._attach_payload = pickle.dumps((segment.name, plan.entries, obs_space, act_space, self.spin_us))
+        self._ctl = channel.Controller(arrays["ctl"], self._sup.fds, _spin_arg(self.main_spin_us))
+        self._attach_payload = pickle.dumps((segment.name, plan.entries, obs_space, act_space,
+                                             _spin_arg(self.spin_us)))
         self._attach(range(self.num_workers))
 
     def _attach(self, workers) -> None:
@@ -315,3 +315,8 @@ class Engine(WorkerReplies, EngineBase):
         super()._drop_views()
         self._ctl = None
         self._table = None
+
+
+def _spin_arg(spin_us: float | None) -> float:
+    """The channel's spin argument: < 0 asks for waits that learn the loop."""
+    return -1.0 if spin_us is None else float(spin_us)

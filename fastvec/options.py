@@ -15,13 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 AUTORESET_MODES = ("same_step", "next_step", "disabled")
-# How long a waiting side spins on shared memory (yielding the CPU) before sleeping on
-# its socket. A socket wake-up costs ~25 us one way on a small VM: workers spin long
-# enough to catch the parent's next command; the parent spins briefly. Measured on 2
-# cores (CartPole-v1 and HalfCheetah-v5, 16 envs): 200/20 beat 50/20, 20/20 and 0/0,
-# and spinning only while recent waits were short (an adaptive rule) lost to all.
-DEFAULT_SPIN_US = 200.0
-DEFAULT_MAIN_SPIN_US = 20.0
+
 
 
 def available_cores() -> int:
@@ -91,8 +85,11 @@ class EngineOptions:
         Replace a worker that died, hung past ``step_timeout`` or whose env raised in
         ``step``, reset its envs and go on; their episode ends truncated there.
     spin_us, main_spin_us : float, optional
-        Microseconds a waiting worker (resp. the parent) polls shared memory, yielding
-        the CPU, before it sleeps on its socket; 0 always sleeps; None: the defaults.
+        None (default): each side learns when its next message comes (a worker: the
+        caller's gap between steps; the parent: the workers' step time), naps until
+        shortly before, then spins briefly. A number overrides that for workers (resp.
+        the parent): spin that many microseconds on shared memory, yielding the CPU,
+        then sleep on the socket; 0 always sleeps.
     """
 
     num_slots: int = 2

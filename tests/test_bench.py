@@ -135,3 +135,55 @@ def test_large_obs_env():
     big = LargeObsEnv()
     o, _ = big.reset()
     assert o.nbytes == 1 << 20 and big.observation_space.contains(o)
+
+
+# ------------------------------------------------------------------ real loops
+def test_loop_ratios_are_per_round_against_the_baseline():
+    from fastvec.bench.loops import render_markdown, summarize
+
+    case = {"case": "toy", "cands": ("sync", "fastvec")}
+    runs = {"sync": [{"sps": 100.0}, {"sps": 200.0}, {"sps": 50.0}],
+            "fastvec": [{"sps": 150.0}, {"sps": 200.0}, {"error": "exit code 1"}]}
+    out = summarize("cleanrl", case, runs)
+    rows = {r["candidate"]: r for r in out["candidates"]}
+    s = rows["fastvec"]["stats"]["sps"]
+    assert s["median"] == pytest.approx(175.0) and (s["min"], s["max"]) == (150.0, 200.0)
+    assert s["ratio"] == pytest.approx(1.25) and (s["ratio_min"], s["ratio_max"]) == (1.0, 1.5)
+    assert rows["fastvec"]["errors"] == ["exit code 1"]
+    assert rows["sync"]["stats"]["sps"]["ratio"] == pytest.approx(1.0)
+    md = render_markdown([out])
+    assert "| fastvec.AsyncVectorEnv | 175 (150-200) | **1.25x** (1.00-1.50) |" in md
+
+
+def test_loops_run_in_fresh_processes_and_report(tmp_path, monkeypatch, capsys):
+    from fastvec.bench import loops
+
+    tiny = {
+        "gap": [dict(case="CartPole x4", env="CartPole-v1", num_envs=4, gaps=(0.0, 0.5), steps=30,
+                     cands=("sync", "fastvec"))],
+        "cleanrl": [dict(case="CleanRL CartPole x4", env="CartPole-v1", num_envs=4, steps=512,
+                         cands=("sync", "fastvec"))],
+    }
+    monkeypatch.setattr(loops, "CASES", {**loops.CASES, **tiny})
+    out = tmp_path / "loops"
+    rc = main("bench", ["--only", "loop-gap", "loop-cleanrl", "--repeats", "2", "--out", str(out), "--no-progress"])
+    assert rc == 0, capsys.readouterr()
+    res = json.loads((out / "results.json").read_text())
+    assert [c["case"] for c in res["loops"]] == ["CartPole x4", "CleanRL CartPole x4"]
+    for case in res["loops"]:
+        for row in case["candidates"]:
+            assert row["errors"] == [] and len(row["runs"]) == 2, row
+            for key, s in row["stats"].items():
+                assert s["min"] <= s["median"] <= s["max"] and s["ratio"] > 0, key
+    gap = {r["candidate"]: r for r in res["loops"][0]["candidates"]}
+    assert set(gap["fastvec"]["stats"]) == {"0 ms", "0.5 ms", "0 ms iter", "0.5 ms iter"}
+    assert (out / "loops.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "results.md").read_text()
+    assert "## Real loops" in md and "#### CleanRL CartPole x4 (cleanrl)" in md
+
+
+def test_only_loops_stands_for_every_loop():
+    from fastvec.bench.cli import LOOP_SECTIONS, _plan, build_parser
+
+    plan = _plan(build_parser().parse_args(["--only", "loops", "gae"]))
+    assert plan["sections"] == [*LOOP_SECTIONS, "gae"]

@@ -3,6 +3,7 @@
     fastvec bench                         # full run (several minutes on 2 cores)
     fastvec bench --quick --out bench-out # seconds: CartPole 16 envs, tiny scaling and GAE
     fastvec bench --only cartpole16 pong8 --repeats 7 --no-peers sb3 envpool
+    fastvec bench --only loops            # the real loops only (~15 min on 2 cores)
 
 Writes ``OUT/results.md``, ``OUT/results.json``, ``OUT/ratios.png``, ``OUT/scaling.png``,
 ``OUT/latency.png`` and ``OUT/worker-output.log`` (what the envs' processes printed:
@@ -22,14 +23,16 @@ import sys
 import time
 
 WORKLOADS = ("cartpole16", "cartpole64", "halfcheetah16", "pong8", "largeobs8")
-SECTIONS = WORKLOADS + ("scaling", "gae")
+# The real loops (fastvec.bench.loops): "loops" is all of them, "loop-gap" etc. one each.
+LOOP_SECTIONS = ("loop-gap", "loop-policy", "loop-sb3", "loop-cleanrl", "loop-train")
+SECTIONS = ("loops",) + LOOP_SECTIONS + WORKLOADS + ("scaling", "gae")
 QUICK_DEFAULT = ("cartpole16", "scaling", "gae")
 
 # Sizes of the parts, full and --quick.
-FULL = dict(repeats=5, scaling=dict(num_envs=(4, 8, 16, 32, 64), num_workers=(1, 2, 3, 4), repeats=3,
+FULL = dict(repeats=5, loop_repeats=3, scaling=dict(num_envs=(4, 8, 16, 32, 64), num_workers=(1, 2, 3, 4), repeats=3,
                                    env_steps=32000),
             gae=dict(T=2048, N=64, dtype="float32", repeats=7))
-QUICK = dict(repeats=2, steps=100, warmup=10,
+QUICK = dict(repeats=2, loop_repeats=1, steps=100, warmup=10,
              scaling=dict(num_envs=(4, 16), num_workers=(1, 2), repeats=1, env_steps=1600),
              gae=dict(T=256, N=16, dtype="float32", repeats=3))
 
@@ -123,6 +126,9 @@ def _plan(args) -> dict:
                 sections.append(key)
     else:
         sections = list(QUICK_DEFAULT if args.quick else SECTIONS)
+    if "loops" in sections:  # the group stands for its members
+        at = sections.index("loops")
+        sections[at:at + 1] = [s for s in LOOP_SECTIONS if s not in sections]
     if args.no_peers is None:
         skip = []
     elif not args.no_peers:
@@ -244,6 +250,11 @@ def _count(sections, cands, scfg) -> int:
         total += 1
     if scfg["train"]:
         total += 1
+    from .loops import CASES
+
+    for s in sections:
+        if s in LOOP_SECTIONS:
+            total += scfg["repeats_loops"] * sum(len(c["cands"]) for c in CASES[s[len("loop-"):]])
     return total
 
 
@@ -285,7 +296,9 @@ def _run(args, plan, prog, argv) -> int:
         "notes": notes,
     }
     t_start = time.perf_counter()
-    total = _count(sections, cands, {"repeats_main": repeats, "scaling": scaling_cfg, "train": args.train})
+    loop_repeats = args.repeats or cfg["loop_repeats"]
+    total = _count(sections, cands, {"repeats_main": repeats, "scaling": scaling_cfg, "train": args.train,
+                                     "repeats_loops": loop_repeats})
     failed = False
     log_path = os.path.join(out, "worker-output.log")
     with open(log_path, "w"):
@@ -294,6 +307,15 @@ def _run(args, plan, prog, argv) -> int:
     with _capture_process_output(log_path) as term:
         bar = _Progress(total, term, not args.no_progress)
         try:
+            loops = [s[len("loop-"):] for s in sections if s in LOOP_SECTIONS]
+            if loops:
+                from .loops import run_loops
+
+                results["loops"] = run_loops(loops, repeats=loop_repeats, progress=bar, notes=notes)
+                for case in results["loops"]:
+                    for c in case["candidates"]:
+                        if c["errors"] and c["candidate"] in ("sync", "dummy", "fastvec", "fastvec_sb3", "engine"):
+                            failed = True
             wl = default_workloads()
             chosen = [wl[s] for s in sections if s in wl]
             if chosen:

@@ -98,6 +98,15 @@ def render_markdown(results: dict, charts: list[str]) -> str:
         "pooled over rounds. Actions are random, drawn before timing.",
         "",
     ]
+    if results.get("loops"):
+        from .loops import render_markdown as loops_markdown
+
+        L += ["## Real loops: a policy (or its stand-in) between steps", "",
+              "Each loop as a user runs it, at torch's default thread count, every candidate in a fresh "
+              "process, interleaved over rounds; ratios are to the serial baseline of the same round "
+              "(median and min-max over rounds). Step times are medians; higher ratios are better.",
+              "", "![real loops](loops.png)" if "loops.png" in charts else ""]
+        L += loops_markdown(results["loops"]).splitlines() + [""]
     targets = target_rows(results)
     if targets:
         L += ["## Targets", ""]
@@ -189,6 +198,9 @@ def render_charts(results: dict, out_dir: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     written = []
+    if results.get("loops"):
+        _loops_chart(plt, results["loops"], os.path.join(out_dir, "loops.png"))
+        written.append("loops.png")
     vec = [w for w in results.get("vecenv", []) if w["candidates"]]
     if vec:
         fig, axes = plt.subplots(len(vec), 1, figsize=(8, 1.2 + 0.45 * sum(len(w["candidates"]) for w in vec) + 0.6 * len(vec)),
@@ -271,3 +283,31 @@ def render_charts(results: dict, out_dir: str) -> list[str]:
         plt.close(fig)
         written.append("latency.png")
     return written
+
+
+def _loops_chart(plt, cases: list, path: str) -> None:
+    """One bar per (case, candidate): the median ratio to the round's serial baseline."""
+    labels, med, lo, hi = [], [], [], []
+    for case in cases:
+        for c in case["candidates"]:
+            if c["candidate"] == case["baseline"]:
+                continue
+            for key, s in c["stats"].items():
+                if key.endswith("iter") or s.get("ratio") is None:
+                    continue
+                name = case["case"] + ("" if key == "sps" else f", step after {key}")
+                labels.append(f"{name}: {c['label']}")
+                med.append(s["ratio"])
+                lo.append(s["ratio"] - s["ratio_min"])
+                hi.append(s["ratio_max"] - s["ratio"])
+    if not labels:
+        return
+    fig, ax = plt.subplots(figsize=(10, 1 + 0.28 * len(labels)))
+    y = np.arange(len(labels))[::-1]
+    ax.barh(y, med, xerr=[lo, hi], color=["tab:green" if m >= 1 else "tab:red" for m in med], capsize=2)
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.set_xlabel("ratio to the serial vector env in the same round (median, min-max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -166,8 +166,12 @@ def _build_envpool(w, opts):
 
 def _fastvec_settings(env, copy):
     eng = env.engine
+
+    def spin(us):
+        return "learned" if us is None else f"{us:g}"
+
     return (f"num_workers={env.num_workers}, copy={copy}, num_slots={eng.num_slots}, "
-            f"spin_us={eng.spin_us:g}, main_spin_us={eng.main_spin_us:g}, context={eng.context}")
+            f"spin_us={spin(eng.spin_us)}, main_spin_us={spin(eng.main_spin_us)}, context={eng.context}")
 
 
 def _build_fastvec(w, opts, copy=True):

@@ -9,22 +9,28 @@ from .._core.infos import StepResult
 from ..engine import Engine
 from ..errors import ClosedError
 from ..options import EngineOptions
+from .threads import TorchThreads
 
 
 class EngineDoor:
     closed: bool
     _engine: Engine
+    _workers_share_our_cores = True  # False for Ray's doors: actors may run elsewhere
 
     def _make_engine(self, env_fns, options: EngineOptions, num_workers: int | None) -> Engine:
         """The engine behind this door (``fastvec.ray``'s doors build a ``RayEngine``)."""
         return Engine(env_fns, options, num_workers=num_workers)
 
-    def _open_door(self, engine: Engine, copy: bool) -> None:
+    def _open_door(self, engine: Engine, copy: bool, torch: TorchThreads) -> None:
         self._engine = engine
         self.copy = bool(copy)
         self._slot = 0  # the slot whose results were returned last
         self._next_slot = 0  # the slot a step in flight writes
         self.waiting = False
+        # The caller's torch gets the cores the workers leave (only they share ours).
+        torch.num_workers = engine.num_workers if self._workers_share_our_cores else None
+        self._torch = torch
+        torch.apply()
 
     @property
     def engine(self) -> Engine:
@@ -80,6 +86,7 @@ class EngineDoor:
     def _idle(self) -> None:
         """Before any other command: open, and no step left in flight."""
         self._check_open()
+        self._torch.apply()  # torch may have been imported since the door opened
         if self.waiting:
             self.waiting = False
             self._engine.step_wait()
@@ -87,6 +94,8 @@ class EngineDoor:
 
     def _close_door(self) -> None:
         self.waiting = False
+        if hasattr(self, "_torch"):
+            self._torch.restore()
         if hasattr(self, "_engine"):
             self._engine.close()
 

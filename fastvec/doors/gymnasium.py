@@ -19,6 +19,7 @@ from .._core.infos import StepResult, with_quiet_ends
 from ..options import EngineOptions
 from . import _gym_infos
 from .base import EngineDoor
+from .threads import TorchThreads
 
 _MODES = {
     AutoresetMode.NEXT_STEP: "next_step",
@@ -93,7 +94,13 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         reset and report ``truncated`` with ``info["fastvec_restarted"] = True`` (a
         ``RuntimeWarning`` says which), so a long job survives a flaky env.
     spin_us, main_spin_us : float, optional
-        Tuning of the wake-ups (see ``fastvec.Engine``).
+        None (default): waits that learn the loop; a number: a fixed spin in
+        microseconds before sleeping (see ``fastvec.options.EngineOptions``).
+    torch_threads : "auto", int or None, default "auto"
+        If torch is loaded in this process, give it the cores the workers leave:
+        ``"auto"`` lowers its intra-op threads to ``max(1, cores - num_workers)`` unless
+        ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` is set; an int sets that many; None
+        leaves torch alone. ``close()`` restores the count (``fastvec.doors.threads``).
     """
 
     def __init__(
@@ -109,8 +116,10 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         restart_on_error: bool = False,
         spin_us: float | None = None,
         main_spin_us: float | None = None,
+        torch_threads: int | str | None = "auto",
     ):
         self.closed = True
+        torch = TorchThreads(torch_threads)  # checked before any process starts
         try:
             mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         except ValueError:
@@ -122,7 +131,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
                                 step_timeout=step_timeout, restart_on_error=restart_on_error,
                                 spin_us=spin_us, main_spin_us=main_spin_us)
         engine = self._make_engine(env_fns, options, num_workers)
-        self._open_door(engine, copy)
+        self._open_door(engine, copy, torch)
         self._cols_for = self._cols = None  # the compiled builder's column spec, per schema
         eng = engine
         self.env_fns = env_fns

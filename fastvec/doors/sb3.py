@@ -21,6 +21,7 @@ from .._core.layout import build_nested, get_path, leaves_of
 from ..options import EngineOptions
 from . import _sb3_infos
 from .base import EngineDoor
+from .threads import TorchThreads
 
 try:  # SB3 is optional: without it the class is a plain object with the same API.
     from stable_baselines3.common.vec_env.base_vec_env import VecEnv as _Base
@@ -65,7 +66,13 @@ class SubprocVecEnv(EngineDoor, _Base):
         reset and report ``done`` with ``info["fastvec_restarted"] = True`` (a
         ``RuntimeWarning`` says which), so a long job survives a flaky env.
     spin_us, main_spin_us : float, optional
-        Tuning of the wake-ups (see ``fastvec.Engine``).
+        None (default): waits that learn the loop; a number: a fixed spin in
+        microseconds before sleeping (see ``fastvec.options.EngineOptions``).
+    torch_threads : "auto", int or None, default "auto"
+        If torch is loaded in this process, give it the cores the workers leave:
+        ``"auto"`` lowers its intra-op threads to ``max(1, cores - num_workers)`` unless
+        ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` is set; an int sets that many; None
+        leaves torch alone. ``close()`` restores the count (``fastvec.doors.threads``).
     """
 
     def __init__(
@@ -80,14 +87,16 @@ class SubprocVecEnv(EngineDoor, _Base):
         restart_on_error: bool = False,
         spin_us: float | None = None,
         main_spin_us: float | None = None,
+        torch_threads: int | str | None = "auto",
     ):
         self.closed = True
+        torch = TorchThreads(torch_threads)  # checked before any process starts
         self.waiting = False
         options = EngineOptions(num_slots=num_slots, autoreset_mode="same_step", context=start_method,
                                 step_timeout=step_timeout, restart_on_error=restart_on_error,
                                 spin_us=spin_us, main_spin_us=main_spin_us)
         engine = self._make_engine(env_fns, options, num_workers)
-        self._open_door(engine, copy)
+        self._open_door(engine, copy, torch)
         self._cols_for = self._cols = None  # the compiled builder's column spec, per schema
         eng = engine
         self.num_envs = eng.num_envs

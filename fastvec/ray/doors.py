@@ -17,6 +17,7 @@ __all__ = ["AsyncVectorEnv", "SubprocVecEnv"]
 
 
 class _RayDoor:
+    _workers_share_our_cores = False  # actors may run on other nodes: torch_threads="auto" keeps out
     """What both Ray doors add to their local door: a ``RayEngine`` and its actors."""
 
     def __init__(self, env_fns, *args, start_timeout: float | None = 300.0, **kwargs):

@@ -195,7 +195,11 @@ class PPO:
         obs_space, act_space = storage.single_observation_space, storage.single_action_space
         # Threads first: results (even the initial weights) depend on the thread count.
         cnn = is_image_space(obs_space)
-        self.act_threads = cfg.torch_threads or (available_cores() if cnn else 1)
+        # Acting overlaps nothing but it runs right before each step: its threads must
+        # leave the workers' cores free (they spin a while after each op; see
+        # fastvec.doors.threads). Learning has the cores to itself.
+        workers = getattr(storage, "num_workers", None) or 0
+        self.act_threads = cfg.torch_threads or (max(1, available_cores() - workers) if cnn else 1)
         self.learn_threads = cfg.learn_threads or cfg.torch_threads or (available_cores() if cnn else 1)
         self._threads = None
         self._set_threads(self.learn_threads)

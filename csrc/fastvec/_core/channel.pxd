@@ -1,5 +1,11 @@
 # The worker's side of the doorbells, for the step loop (stepper.pyx).
 
+cdef struct Forecast:
+    long long expect    # expected wait, ns (0: nothing learned yet)
+    long long dev       # its usual error (mean absolute deviation), ns
+    long long late      # how late a nap returns, ns
+    int outliers        # consecutive outliers seen
+
 cdef class WorkerChannel:
     cdef long long *ctl
     cdef long long *base
@@ -10,6 +16,12 @@ cdef class WorkerChannel:
     cdef long long spin_ns
     cdef public long long seen
     cdef object stash
+    cdef bint adaptive
+    cdef Forecast fc
+    cdef long long t_pub  # when the last reply was published
+
+    cdef int _take_header(self) except -1
+    cdef int _nap(self, long long until) except -1
 
     cdef int _wait(self) except -1
     cdef int _step_slot(self) noexcept

@@ -185,8 +185,10 @@ def recv_payload(int fd, Py_ssize_t n):
 # of one per worker: on a 2-core VM each costs ~40 us of a core the envs need.
 #
 # Control block: int64[num_workers + 1, 16]; per worker one cache line written by the
-# parent [cmd_seq, cmd, slot, arg, waited] and one written by the worker [done_seq,
-# reply, reply_slot, reply_arg, sleeping]; the last row holds main_sleeping.
+# parent [cmd_seq, cmd, slot, arg, waited, issued_ns] and one written by the worker
+# [done_seq, reply, reply_slot, reply_arg, sleeping, published_ns]; the last row holds
+# main_sleeping. The two clock readings (CLOCK_MONOTONIC, the same in every process)
+# let each side time the other without its own wake-up in the measurement.
 # ---------------------------------------------------------------------------
 cdef extern from *:
     """
@@ -205,12 +207,120 @@ cdef extern from *:
         struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
         return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
     }
+    #include <poll.h>
+    #ifdef __linux__
+    #include <sys/prctl.h>
+    #endif
+    /* poll with a timeout in nanoseconds (ppoll where there is one; else whole ms). */
+    static inline int fv_poll_ns(struct pollfd *fds, unsigned long n, long long timeout_ns) {
+    #ifdef __linux__
+        struct timespec ts;
+        ts.tv_sec = (time_t)(timeout_ns / 1000000000LL);
+        ts.tv_nsec = (long)(timeout_ns % 1000000000LL);
+        return ppoll(fds, (nfds_t)n, &ts, NULL);
+    #else
+        return poll(fds, (nfds_t)n, (int)(timeout_ns / 1000000LL));
+    #endif
+    }
+    /* Timed naps of this thread end within ~1 us of when asked (Linux's default slack is 50 us). */
+    static inline void fv_precise_timers(void) {
+    #ifdef __linux__
+        prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+    #endif
+    }
     """
     long long fv_load(long long *p) nogil
     void fv_store(long long *p, long long v) nogil
     void fv_relax() nogil
     long long fv_now_ns() nogil
     int sched_yield() nogil
+    int fv_poll_ns(pollfd *fds, unsigned long n, long long timeout_ns) nogil
+    void fv_precise_timers() nogil
+
+
+# ---------------------------------------------------------------------------
+# Waits that learn the loop (the default; a fixed ``spin_us``/``main_spin_us`` overrides).
+#
+# A side that sleeps on its socket pays a wake-up when the message comes: on this kind
+# of VM a halted virtual CPU takes ~40 us to wake (measured: a socket round trip is
+# 25 us between busy processes, 55 us after the receiver idled 1 ms), and a step pays
+# two of them (parent -> workers, last worker -> parent). A side that spins instead
+# burns a core that the caller's policy (torch) or another worker needs.
+#
+# So each side forecasts when its message will come from how long it took the last
+# times: a worker, the parent's gap between its reply and the next command (the
+# caller's policy, the other workers' step, a learner update); the parent, the workers'
+# step time. It naps on its socket (with its "sleeping" flag set, so a message that
+# comes early still wakes it) until shortly before the forecast, spins through a window
+# around it, and only then sleeps for good. One forecast per side, so a learner's long
+# pause is an outlier: it ends one window of spinning, it does not teach the side to wait
+# long. How late a nap returns is learned too and taken off the next one.
+# ---------------------------------------------------------------------------
+# Before anything is learned: spin as the fixed defaults do.
+cdef double FIRST_MAIN_SPIN_US = 20.0
+cdef double FIRST_WORKER_SPIN_US = 200.0
+
+cdef long long MAIN_NAP_MARGIN_NS = 10000    # the parent wakes this much before its forecast ...
+cdef long long MAIN_WINDOW_LO_NS = 20000     # ... and spins at least this long past it ...
+cdef long long MAIN_WINDOW_HI_NS = 300000    # ... and at most this long
+cdef long long WORKER_NAP_MARGIN_NS = 20000  # the same for a worker waiting for the next command
+cdef long long WORKER_WINDOW_LO_NS = 100000
+cdef long long WORKER_WINDOW_HI_NS = 1000000
+cdef long long MIN_NAP_NS = 40000            # shorter naps cost more than they save: spin instead
+
+cdef enum:
+    NAP_LATE0_NS = 60000        # first guess of how late a nap returns
+    MAX_FORECAST_NS = 1000000000  # waits longer than 1 s are not forecast: plain sleep
+    OUTLIER_NS = 2000000        # a wait this much above 4x the forecast is an outlier ...
+    OUTLIERS_TO_RELEARN = 3     # ... unless it happens this many times in a row
+
+
+cdef inline void fc_init(Forecast *f) noexcept nogil:
+    f.expect = 0
+    f.dev = 0
+    f.late = NAP_LATE0_NS
+    f.outliers = 0
+
+
+cdef inline void fc_observe(Forecast *f, long long waited) noexcept nogil:
+    """Learn from one wait of ``waited`` ns (an exponential average over ~8 waits)."""
+    if waited <= 0 or waited > MAX_FORECAST_NS:
+        return
+    cdef long long d
+    if f.expect == 0:
+        f.expect = waited
+        return
+    if waited > 4 * f.expect + OUTLIER_NS:
+        f.outliers += 1
+        if f.outliers < OUTLIERS_TO_RELEARN:
+            return
+        f.expect = waited
+        f.outliers = 0
+        return
+    f.outliers = 0
+    d = waited - f.expect
+    f.expect += d // 8
+    f.dev += ((d if d >= 0 else -d) - f.dev) // 8
+
+
+cdef inline void fc_nap_returned(Forecast *f, long long late) noexcept nogil:
+    if late < 0:
+        late = 0
+    elif late > 500000:
+        late = 500000
+    f.late += (late - f.late) // 8
+
+
+cdef inline long long fc_window(Forecast *f, long long lo, long long hi) noexcept nogil:
+    """How long past the forecast to keep spinning: twice its usual error, within [lo, hi]."""
+    cdef long long w = 2 * f.dev
+    return lo if w < lo else (hi if w > hi else w)
+
+
+cdef inline long long fc_nap_end(Forecast *f, long long target, long long margin) noexcept nogil:
+    """When a nap towards ``target`` should end: early by how late naps return, the
+    margin and twice the forecast's usual error."""
+    return target - f.late - margin - 2 * f.dev
 
 # Columns of a worker's control-block row: a parent-written cache line, then a
 # worker-written one.
@@ -220,11 +330,13 @@ cdef enum:
     C_SLOT = 2
     C_ARG = 3
     C_WAITED = 4
+    C_ISSUED_NS = 5
     C_DONE_SEQ = 8
     C_REPLY = 9
     C_REPLY_SLOT = 10
     C_REPLY_ARG = 11
     C_SLEEPING = 12
+    C_PUBLISHED_NS = 13
 
 
 cdef int _read_header_skip_wake(int fd, int *hdr) except -1:
@@ -249,7 +361,11 @@ class DoorbellError(OSError):
 
 
 cdef class Controller:
-    """The parent's side of the doorbells: issue commands, wait for replies."""
+    """The parent's side of the doorbells: issue commands, wait for replies.
+
+    ``spin_us`` < 0: waits for a step's replies learn the workers' step time (see
+    "Waits that learn the loop"); otherwise every wait spins ``spin_us`` then sleeps.
+    """
     cdef long long *ctl
     cdef object ctl_array
     cdef int n
@@ -257,6 +373,9 @@ cdef class Controller:
     cdef long long spin_ns
     cdef long long[::1] expected
     cdef list stash
+    cdef bint adaptive
+    cdef Forecast fc
+    cdef long long t_issue  # when the step being waited for was issued (0: not a step)
 
     def __init__(self, object ctl_array, int[::1] fds, double spin_us):
         cdef cnp.ndarray arr = ctl_array
@@ -266,9 +385,17 @@ cdef class Controller:
         self.ctl = <long long *>cnp.PyArray_DATA(arr)
         self.n = fds.shape[0]
         self.fds = fds
-        self.spin_ns = <long long>(spin_us * 1000.0)
+        self.adaptive = spin_us < 0
+        self.spin_ns = <long long>(FIRST_MAIN_SPIN_US * 1000.0 if self.adaptive else spin_us * 1000.0)
         self.expected = np.zeros(self.n, dtype=np.int64)
         self.stash = [None] * self.n
+        fc_init(&self.fc)
+        self.t_issue = 0
+
+    @property
+    def forecast_us(self):
+        """The workers' expected step time in microseconds (0: not learned, or fixed spins)."""
+        return self.fc.expect / 1000.0 if self.adaptive else 0.0
 
     cdef inline long long *row(self, int w) noexcept nogil:
         return self.ctl + w * CTL_COLS
@@ -276,8 +403,10 @@ cdef class Controller:
     def issue(self, int w, int cmd, int slot=0, bytes payload=None):
         """Send one command to worker w (payload first, then the doorbell)."""
         cdef long long *r = self.row(w)
+        self.t_issue = 0
         if payload is not None:
             send_header(self.fds[w], cmd, slot, 0, payload)
+        r[C_ISSUED_NS] = fv_now_ns()
         r[C_CMD] = cmd
         r[C_SLOT] = slot
         r[C_ARG] = NO_PAYLOAD if payload is None else HAS_PAYLOAD
@@ -290,8 +419,11 @@ cdef class Controller:
         """The step's wake-up: the same payload-less command to every worker."""
         cdef int w
         cdef long long *r
+        cdef long long now = fv_now_ns()
+        self.t_issue = now if cmd == CMD_STEP else 0
         for w in range(self.n):
             r = self.row(w)
+            r[C_ISSUED_NS] = now
             r[C_CMD] = cmd
             r[C_SLOT] = slot
             r[C_ARG] = NO_PAYLOAD
@@ -328,6 +460,98 @@ cdef class Controller:
         self.expected[w] = fv_load(&r[C_CMD_SEQ])
         fv_store(&r[C_DONE_SEQ], self.expected[w])
 
+    cdef bint _pending(self, int[::1] workers) noexcept nogil:
+        cdef Py_ssize_t k
+        for k in range(workers.shape[0]):
+            if not self._done(workers[k]):
+                return True
+        return False
+
+    cdef bint _spin(self, int[::1] workers, long long until, long long deadline) noexcept nogil:
+        """Spin until every worker answered (False) or ``until``/``deadline`` (True)."""
+        cdef long long now
+        while self._pending(workers):
+            now = fv_now_ns()
+            if now >= until or (deadline >= 0 and now >= deadline):
+                return True
+            fv_relax()
+            sched_yield()
+        return False
+
+    cdef tuple _sleep(self, int[::1] workers, long long deadline, long long nap_until):
+        """Sleep on the sockets of the workers still busy until one of them writes or
+        ``deadline`` (< 0: none) passes, and read what came. ``nap_until`` >= 0: return
+        by then at the latest. Returns None while workers are busy (the caller decides
+        what next), else ``wait``'s answer."""
+        cdef Py_ssize_t m = workers.shape[0], k
+        cdef int w, r, pending
+        cdef long long now, timeout_ns, until
+        cdef long long *main_sleeping = self.row(self.n)
+        cdef int hdr[4]
+        cdef pollfd *pfds
+        pfd_bytes = bytearray(m * sizeof(pollfd))
+        pfds = <pollfd *><char *>pfd_bytes
+        fv_store(main_sleeping, 1)
+        pending = 0
+        for k in range(m):
+            w = workers[k]
+            if self._done(w):
+                pfds[k].fd = -1
+            else:
+                pfds[k].fd = self.fds[w]
+                pending += 1
+            pfds[k].events = POLLIN
+            pfds[k].revents = 0
+        if pending == 0:
+            fv_store(main_sleeping, 0)
+            return 0, -1
+        now = fv_now_ns()
+        until = deadline
+        if nap_until >= 0 and (until < 0 or nap_until < until):
+            until = nap_until
+        if deadline >= 0 and now >= deadline:
+            fv_store(main_sleeping, 0)
+            for k in range(m):
+                if not self._done(workers[k]):
+                    return 1, workers[k]
+        timeout_ns = -1 if until < 0 else (until - now if until > now else 0)
+        with nogil:
+            if timeout_ns < 0:
+                r = poll(pfds, m, -1)
+            else:
+                r = fv_poll_ns(pfds, m, timeout_ns)
+        fv_store(main_sleeping, 0)
+        if r == 0 and nap_until >= 0 and until == nap_until:
+            fc_nap_returned(&self.fc, fv_now_ns() - nap_until)
+        if r < 0:
+            if errno == EINTR:
+                PyErr_CheckSignals()
+                return None
+            raise OSError(errno, "poll failed")
+        for k in range(m):
+            if pfds[k].fd < 0 or pfds[k].revents == 0:
+                continue
+            w = workers[k]
+            try:
+                _read_bounded(self.fds[w], <char *>hdr, HEADER_BYTES)
+                if hdr[0] == WAKE:
+                    continue
+                # A reply payload written ahead of its doorbell: keep it.
+                if self.stash[w] is not None or hdr[0] not in (REPLY_DONE, REPLY_RESULT, REPLY_ERROR) \
+                        or hdr[3] < 0 or hdr[3] > MAX_PAYLOAD:
+                    return 3, w  # garbage on the socket
+                buf = bytearray(hdr[3])
+                if hdr[3]:
+                    _read_bounded(self.fds[w], <char *>buf, hdr[3])
+                self.stash[w] = ((hdr[0], hdr[1], hdr[2], hdr[3]), bytes(buf))
+            except PeerClosed:
+                if self._done(w) and self.stash[w] is None:
+                    continue
+                return 2, w
+            except ValueError:
+                return 3, w
+        return None
+
     def wait(self, int[::1] workers, double timeout):
         """Wait until every worker in ``workers`` has answered its last command.
 
@@ -335,91 +559,57 @@ cdef class Controller:
         when w's socket closed (it died) and ``(3, w)`` when w sent garbage.
         ``timeout`` < 0 waits forever.
         """
-        cdef Py_ssize_t m = workers.shape[0], k
-        cdef int w, r, wait_ms, pending
-        cdef long long t0 = fv_now_ns(), spin_end = t0 + self.spin_ns, now
+        cdef long long t0 = fv_now_ns(), now, target, nap_until
         cdef long long deadline = t0 + <long long>(timeout * 1e9) if timeout >= 0 else -1
-        cdef long long *main_sleeping = self.row(self.n)
-        cdef int hdr[4]
-        cdef pollfd *pfds
+        cdef long long t_issue = self.t_issue
+        cdef bint forecast = self.adaptive and t_issue > 0 and self.fc.expect > 0
+        cdef int w
+        cdef bint busy
+        self.t_issue = 0  # a later wait (the rest of a failed step) is not forecast
         for w in range(self.n):
             fv_store(&self.row(w)[C_WAITED], 0)
-        for k in range(m):
-            fv_store(&self.row(workers[k])[C_WAITED], 1)
-        # Spin: the common case for cheap envs.
-        with nogil:
-            while True:
-                pending = 0
-                for k in range(m):
-                    if not self._done(workers[k]):
-                        pending = 1
-                        break
-                if not pending:
-                    break
-                now = fv_now_ns()
-                if now >= spin_end or (deadline >= 0 and now >= deadline):
-                    break
-                fv_relax()
-                sched_yield()
-        if not pending:
-            return 0, -1
-        pfd_bytes = bytearray(m * sizeof(pollfd))
-        pfds = <pollfd *><char *>pfd_bytes
-        while True:
-            fv_store(main_sleeping, 1)
-            pending = 0
-            for k in range(m):
-                w = workers[k]
-                if self._done(w):
-                    pfds[k].fd = -1
-                else:
-                    pfds[k].fd = self.fds[w]
-                    pending += 1
-                pfds[k].events = POLLIN
-                pfds[k].revents = 0
-            if pending == 0:
-                fv_store(main_sleeping, 0)
-                return 0, -1
-            if deadline >= 0:
-                now = fv_now_ns()
-                if now >= deadline:
-                    fv_store(main_sleeping, 0)
-                    for k in range(m):
-                        if not self._done(workers[k]):
-                            return 1, workers[k]
-                wait_ms = <int>((deadline - now) // 1000000) + 1
-            else:
-                wait_ms = -1
+        for w in range(workers.shape[0]):
+            fv_store(&self.row(workers[w])[C_WAITED], 1)
+        if not forecast:
             with nogil:
-                r = poll(pfds, m, wait_ms)
-            fv_store(main_sleeping, 0)
-            if r < 0:
-                if errno == EINTR:
-                    PyErr_CheckSignals()
-                    continue
-                raise OSError(errno, "poll failed")
-            for k in range(m):
-                if pfds[k].fd < 0 or pfds[k].revents == 0:
-                    continue
-                w = workers[k]
-                try:
-                    _read_bounded(self.fds[w], <char *>hdr, HEADER_BYTES)
-                    if hdr[0] == WAKE:
-                        continue
-                    # A reply payload written ahead of its doorbell: keep it.
-                    if self.stash[w] is not None or hdr[0] not in (REPLY_DONE, REPLY_RESULT, REPLY_ERROR) \
-                            or hdr[3] < 0 or hdr[3] > MAX_PAYLOAD:
-                        return 3, w  # garbage on the socket
-                    buf = bytearray(hdr[3])
-                    if hdr[3]:
-                        _read_bounded(self.fds[w], <char *>buf, hdr[3])
-                    self.stash[w] = ((hdr[0], hdr[1], hdr[2], hdr[3]), bytes(buf))
-                except PeerClosed:
-                    if self._done(w) and self.stash[w] is None:
-                        continue
-                    return 2, w
-                except ValueError:
-                    return 3, w
+                busy = self._spin(workers, t0 + self.spin_ns, deadline)
+        else:
+            # Nap until just before the workers should be done, then spin through a
+            # window around that; the last worker still rings if it is done early.
+            target = t_issue + self.fc.expect
+            nap_until = fc_nap_end(&self.fc, target, MAIN_NAP_MARGIN_NS)
+            busy = True
+            if nap_until - t0 > MIN_NAP_NS:
+                # (a spare WAKE ends a nap early while workers are busy: nap on)
+                while fv_now_ns() < nap_until and self._pending(workers):
+                    res = self._sleep(workers, deadline, nap_until)
+                    if res is not None:
+                        if res[0] == 0:
+                            self._learn(workers, t_issue)
+                        return res
+            with nogil:
+                now = fv_now_ns()
+                busy = self._spin(workers, (target if target > now else now) + fc_window(&self.fc, MAIN_WINDOW_LO_NS,
+                                                                                     MAIN_WINDOW_HI_NS), deadline)
+        while busy:
+            res = self._sleep(workers, deadline, -1)
+            if res is not None:
+                if res[0] == 0 and self.adaptive and t_issue > 0:
+                    self._learn(workers, t_issue)
+                return res
+        if self.adaptive and t_issue > 0:
+            self._learn(workers, t_issue)
+        return 0, -1
+
+    cdef void _learn(self, int[::1] workers, long long t_issue) noexcept:
+        """A step issued at ``t_issue`` is done: learn when its last worker published."""
+        cdef long long last = 0, t
+        cdef Py_ssize_t k
+        for k in range(workers.shape[0]):
+            t = fv_load(&self.row(workers[k])[C_PUBLISHED_NS])
+            if t > last:
+                last = t
+        fc_observe(&self.fc, last - t_issue)
 
     def plain_step_replies(self, int slot):
         """After a step every worker answered: the number of workers whose infos are in
@@ -472,16 +662,84 @@ cdef class WorkerChannel:
         self.ctl = self.base + w * CTL_COLS
         self.main_row = <long long *>cnp.PyArray_DATA(arr) + (arr.shape[0] - 1) * CTL_COLS
         self.fd = fd
-        self.spin_ns = <long long>(spin_us * 1000.0)
+        self.adaptive = spin_us < 0
+        self.spin_ns = <long long>(FIRST_WORKER_SPIN_US * 1000.0 if self.adaptive else spin_us * 1000.0)
         self.seen = fv_load(&self.ctl[C_CMD_SEQ])
         self.stash = None
+        fc_init(&self.fc)
+        self.t_pub = 0
+        if self.adaptive:
+            fv_precise_timers()  # this is the worker's own process
+            self.fc.late = 0
+
+    @property
+    def forecast_us(self):
+        """The expected gap until the next command in microseconds (0: none learned)."""
+        return self.fc.expect / 1000.0 if self.adaptive else 0.0
+
+    cdef int _take_header(self) except -1:
+        """Read the header waiting on the socket: a WAKE, or a command's payload sent
+        just before its doorbell (kept for ``current_command``)."""
+        cdef long long *r = self.ctl
+        cdef long long give_up
+        cdef int hdr[4]
+        _read_all(self.fd, <char *>hdr, HEADER_BYTES)  # PeerClosed when the parent is gone
+        if hdr[0] == WAKE:
+            return 0
+        self.stash = ((hdr[0], hdr[1], hdr[2], hdr[3]), recv_payload(self.fd, hdr[3]))
+        give_up = fv_now_ns() + 5000000000
+        while fv_load(&r[C_CMD_SEQ]) == self.seen:
+            if fv_now_ns() > give_up:
+                raise ValueError(f"malformed control message: header {self.stash[0]} without a doorbell")
+            sched_yield()
+        return 0
+
+    cdef int _nap(self, long long until) except -1:
+        """Sleep on the socket until ``until`` or the next command, whichever comes
+        first (a spare WAKE left by an earlier race is read and the nap goes on)."""
+        cdef long long *r = self.ctl
+        cdef pollfd p
+        cdef int got
+        cdef long long now = fv_now_ns()
+        while now < until:
+            fv_store(&r[C_SLEEPING], 1)
+            if fv_load(&r[C_CMD_SEQ]) != self.seen:
+                fv_store(&r[C_SLEEPING], 0)
+                return 0
+            p.fd = self.fd
+            p.events = POLLIN
+            p.revents = 0
+            with nogil:
+                got = fv_poll_ns(&p, 1, until - now)
+            fv_store(&r[C_SLEEPING], 0)
+            if got == 0:
+                fc_nap_returned(&self.fc, fv_now_ns() - until)
+                return 0
+            if got > 0:
+                self._take_header()
+                if fv_load(&r[C_CMD_SEQ]) != self.seen:
+                    return 0
+            elif errno == EINTR:
+                PyErr_CheckSignals()
+            now = fv_now_ns()
+        return 0
 
     cdef int _wait(self) except -1:
         """Block until the command sequence number moves past ``seen``."""
         cdef long long *r = self.ctl
-        cdef long long spin_end = fv_now_ns() + self.spin_ns
-        cdef int hdr[4]
-        cdef bint got = False
+        cdef long long now = fv_now_ns(), target, nap_until
+        cdef long long spin_end = now + self.spin_ns
+        cdef bint got = fv_load(&r[C_CMD_SEQ]) != self.seen
+        if not got and self.adaptive and self.fc.expect > 0 and self.t_pub > 0:
+            # Nap until shortly before the parent's next command should come, then
+            # spin through a window around it.
+            target = self.t_pub + self.fc.expect
+            nap_until = fc_nap_end(&self.fc, target, WORKER_NAP_MARGIN_NS)
+            if nap_until - now > MIN_NAP_NS:
+                self._nap(nap_until)
+                now = fv_now_ns()
+            spin_end = (target if target > now else now) + fc_window(&self.fc, WORKER_WINDOW_LO_NS,
+                                                                     WORKER_WINDOW_HI_NS)
         with nogil:
             while True:
                 if fv_load(&r[C_CMD_SEQ]) != self.seen:
@@ -496,19 +754,15 @@ cdef class WorkerChannel:
             if fv_load(&r[C_CMD_SEQ]) != self.seen:
                 fv_store(&r[C_SLEEPING], 0)
                 break
-            _read_all(self.fd, <char *>hdr, HEADER_BYTES)  # PeerClosed when the parent is gone
+            self._take_header()
             fv_store(&r[C_SLEEPING], 0)
-            if hdr[0] != WAKE:
-                # A command's payload, sent just before its doorbell.
-                self.stash = ((hdr[0], hdr[1], hdr[2], hdr[3]), recv_payload(self.fd, hdr[3]))
-                spin_end = fv_now_ns() + 5000000000
-                while fv_load(&r[C_CMD_SEQ]) == self.seen:
-                    if fv_now_ns() > spin_end:
-                        raise ValueError(f"malformed control message: header {self.stash[0]} without a doorbell")
-                    sched_yield()
             if fv_load(&r[C_CMD_SEQ]) != self.seen:
                 break
         self.seen = fv_load(&r[C_CMD_SEQ])
+        if self.adaptive and self.t_pub > 0:
+            # The gap the caller left: from our reply to its command (its clock reading,
+            # so our own wake-up is not in it).
+            fc_observe(&self.fc, r[C_ISSUED_NS] - self.t_pub)
         return 0
 
     cdef int _step_slot(self) noexcept:
@@ -538,6 +792,8 @@ cdef class WorkerChannel:
         r[C_REPLY] = code
         r[C_REPLY_SLOT] = slot
         r[C_REPLY_ARG] = flags
+        self.t_pub = fv_now_ns()
+        r[C_PUBLISHED_NS] = self.t_pub
         fv_store(&r[C_DONE_SEQ], self.seen)
         if fv_load(self.main_row) and self._waited_all_done():
             _send_wake(self.fd)

@@ -1,0 +1,143 @@
+"""Waits that learn the loop: whatever the caller does between steps (nothing, a policy,
+a learner's long pause, other commands), results stay those of the serial reference,
+and each side's forecast follows what it measured.
+
+No speed is asserted here (that is ``fastvec bench --only loops``); what is asserted is
+that napping, spinning and sleeping in any order lose no command and no reply.
+"""
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+import fastvec
+from envs import FlatInfoEnv, RandomEndEnv
+from helpers import assert_same
+from fastvec.engine import Engine
+from fastvec.options import EngineOptions
+
+
+def busy(seconds: float) -> None:
+    """A caller computing (on its core) for ``seconds``."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+# Gaps in seconds between steps: back to back, a policy's worth, long ones, one learner
+# pause, and gaps that change abruptly (so forecasts are wrong in both directions).
+SCHEDULE = ([0.0] * 25 + [0.002] * 25 + [0.0, 0.004, 0.0001, 0.001, 0.0] * 6 + [0.3]
+            + [0.0005] * 20 + [0.01, 0.0] * 5)
+
+
+class SlowStepEnv(gym.Env):
+    """CartPole that takes ``delay`` seconds of wall time per step (sleeping)."""
+
+    def __init__(self, delay: float = 0.003):
+        self.inner = gym.make("CartPole-v1")
+        self.observation_space = self.inner.observation_space
+        self.action_space = self.inner.action_space
+        self.delay = delay
+
+    def reset(self, *, seed=None, options=None):
+        return self.inner.reset(seed=seed, options=options)
+
+    def step(self, action):
+        time.sleep(self.delay)
+        return self.inner.step(action)
+
+
+@pytest.mark.parametrize("maker", [RandomEndEnv, FlatInfoEnv], ids=["random_end", "flat_info"])
+def test_irregular_gaps_match_sync(maker):
+    fns = [maker for _ in range(4)]
+    ref = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+    env = fastvec.AsyncVectorEnv(fns, num_workers=2)
+    try:
+        assert env.engine.spin_us is None and env.engine.main_spin_us is None  # learned waits
+        assert_same(env.reset(seed=3)[0], ref.reset(seed=3)[0], "reset obs")
+        ref.action_space.seed(4)
+        for t, gap in enumerate(SCHEDULE):
+            busy(gap) if gap < 0.05 else time.sleep(gap)  # the long pause sleeps, like a learner on a GPU
+            actions = ref.action_space.sample()
+            got, want = env.step(actions), ref.step(actions)
+            for k, name in enumerate(("obs", "rewards", "terminated", "truncated", "infos")):
+                assert_same(got[k], want[k], f"step {t} (after {gap * 1e3:g} ms) {name}")
+            if t % 37 == 36:  # other commands between steps: they must not confuse the forecasts
+                assert env.get_attr("spec") == ref.get_attr("spec")
+            if t == 80:
+                assert_same(env.reset(seed=9)[0], ref.reset(seed=9)[0], "reset obs mid-run")
+        assert env.engine._ctl.forecast_us > 0
+    finally:
+        env.close()
+        ref.close()
+
+
+def test_sb3_door_after_gaps_matches_a_replay():
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    fns = [RandomEndEnv for _ in range(4)]
+    ref = DummyVecEnv(fns)
+    env = fastvec.SubprocVecEnv(fns, num_workers=2)
+    try:
+        ref.seed(5)
+        env.seed(5)
+        assert_same(env.reset(), ref.reset(), "reset obs")
+        rng = np.random.default_rng(0)
+        for t, gap in enumerate(SCHEDULE[::2]):
+            busy(gap) if gap < 0.05 else time.sleep(gap)
+            actions = rng.integers(0, 2, size=4)
+            got, want = env.step(actions), ref.step(actions)
+            for k, name in enumerate(("obs", "rewards", "dones")):
+                assert_same(got[k], want[k], f"step {t} {name}", check_dtype=False)
+            assert [i.get("TimeLimit.truncated") for i in got[3]] == [i.get("TimeLimit.truncated") for i in want[3]]
+    finally:
+        env.close()
+        ref.close()
+
+
+def test_parent_forecast_follows_the_workers_step_time():
+    # Each worker steps 2 envs of 3 ms: the step takes ~6 ms of wall time.
+    with Engine([SlowStepEnv] * 4, EngineOptions(autoreset_mode="next_step"), num_workers=2) as eng:
+        eng.reset(0, {i: {"seed": i} for i in range(4)})
+        for k in range(30):
+            eng.step(np.zeros(4, dtype=np.int64), k % 2)
+        forecast = eng._ctl.forecast_us
+        assert 5000 <= forecast <= 100_000, f"forecast {forecast:.0f} us for a ~6 ms step"
+
+
+def test_fixed_spins_learn_nothing():
+    opts = EngineOptions(spin_us=50.0, main_spin_us=10.0)
+    with Engine([SlowStepEnv] * 2, opts, num_workers=2) as eng:
+        assert eng.spin_us == 50.0 and eng.main_spin_us == 10.0
+        eng.reset(0, {i: {"seed": i} for i in range(2)})
+        for k in range(10):
+            eng.step(np.zeros(2, dtype=np.int64), k % 2)
+        assert eng._ctl.forecast_us == 0.0
+
+
+def test_step_timeout_still_holds_while_napping():
+    # The forecast says ~2 ms; then one step takes 2 s: the nap must not outlast step_timeout.
+    class Stalls(SlowStepEnv):
+        def __init__(self):
+            super().__init__(0.001)
+            self.n = 0
+
+        def step(self, action):
+            self.n += 1
+            if self.n == 25:
+                time.sleep(2.0)
+            return super().step(action)
+
+    with Engine([Stalls] * 2, EngineOptions(step_timeout=0.5, context="fork"), num_workers=2) as eng:
+        eng.reset(0, {i: {"seed": i} for i in range(2)})
+        for k in range(24):
+            eng.step(np.zeros(2, dtype=np.int64), k % 2)
+        t0 = time.perf_counter()
+        with pytest.raises(fastvec.WorkerError, match="did not answer"):
+            eng.step(np.zeros(2, dtype=np.int64), 0)
+        assert time.perf_counter() - t0 < 1.5
