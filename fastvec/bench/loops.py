@@ -30,6 +30,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -343,8 +344,14 @@ CHILDREN = {"gap": child_gap, "policy": child_policy, "sb3": child_sb3, "cleanrl
 def _run_child(spec: dict, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "fastvec.bench.loops", json.dumps(spec)]
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout,
-                              cwd=os.getcwd())
+        # The child imports the fastvec this process runs: its folder first on the path,
+        # and an empty cwd (`python -m` puts the cwd first, and an unbuilt source checkout
+        # there would shadow it).
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+        with tempfile.TemporaryDirectory(prefix="fastvec-loop-") as cwd:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout, cwd=cwd,
+                                  env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:g} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
