@@ -7,21 +7,28 @@ which knows none of them. This is the only importer of ``fastvec.ray``.
     fastvec train ENV_ID [--seed N] [--num-envs N] [--num-workers N] [--total-steps N]
                   [--stop-at-return R] [--device auto|cpu|cuda] [--logdir DIR]
                   [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
-                  [--backend engine|ray] [--ray-address ADDR] [--actors N]
+                  [--checkpoint-every N] [--backend engine|ray] [--ray-address ADDR] [--actors N]
+    fastvec train --resume RUN_DIR [--total-steps N] [--set safe_key=value ...]
     fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic]
 
 Both print one JSON object as the last line of stdout and exit 0 on success. Bad input
 (unknown env id, bad ``--set`` key or value, a checkpoint from another env, a missing
-checkpoint) gives a one-line ``fastvec train: error: ...`` on stderr and exit code 2; a
-failure while training (e.g. an env that raises) gives a one-line error and exit code 1.
-``FASTVEC_DEBUG=1`` shows the traceback instead.
+checkpoint, a resume that would change the run's config) gives a one-line ``fastvec
+train: error: ...`` on stderr and exit code 2; a failure while training (e.g. an env
+that raises with ``restart_on_error=false``, or more restarts than ``max_restarts``)
+gives a one-line error and exit code 1, after saving a checkpoint to resume from.
+SIGINT / SIGTERM stop ``fastvec train`` at the next safe point with a final checkpoint
+and the JSON line (``"interrupted": true``), exit 130 / 143; a second one exits at once.
+``FASTVEC_DEBUG=1`` shows the traceback instead of the one-line error.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 
 __all__ = ["main", "build_config", "build_storage", "run_training", "time_to_solve"]
@@ -40,7 +47,8 @@ def _train_parser() -> argparse.ArgumentParser:
                 epilog="Hyperparameters: any field of fastvec.train.PPOConfig via --set key=value, "
                        "e.g. --set lr=1e-3 --set n_steps=64 --set hidden=64,64. "
                        "Run with --list-keys to see them with the env's preset values.")
-    p.add_argument("env_id", help="gymnasium env id, e.g. CartPole-v1, ALE/Pong-v5")
+    p.add_argument("env_id", nargs="?", default=None,
+                   help="gymnasium env id, e.g. CartPole-v1, ALE/Pong-v5 (with --resume: the run's)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--num-envs", type=int, default=None)
     p.add_argument("--num-workers", type=int, default=None)
@@ -54,6 +62,12 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--zoo", action="store_true", help="use RL Zoo's hyperparameters where known (CartPole)")
     p.add_argument("--init-from", default=None, metavar="CHECKPOINT",
                    help="start from the weights of a checkpoint of the same env")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its newest checkpoint (same config; "
+                        "--total-steps, --stop-at-return, --device and other safe keys may change)")
+    p.add_argument("--checkpoint-every", type=float, default=None, metavar="N",
+                   help="env steps between checkpoints in the run directory (1e5 accepted; "
+                        "0: only at the end; default 100000)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard event files")
     p.add_argument("--list-keys", action="store_true", help="print the config for ENV_ID and exit")
@@ -81,21 +95,12 @@ def _eval_parser() -> argparse.ArgumentParser:
 
 def build_config(env_id: str, args):
     """Preset for ``env_id`` < command-line flags < ``--set`` overrides."""
-    from .config import ConfigError, PPOConfig, apply_overrides
+    from .config import PPOConfig, apply_overrides
     from .presets import preset_for
 
     cfg = PPOConfig()
     apply_overrides(cfg, preset_for(env_id, zoo=getattr(args, "zoo", False)))
-    flags = {
-        "seed": args.seed, "num_envs": args.num_envs, "num_workers": args.num_workers,
-        "stop_at_return": args.stop_at_return, "device": args.device,
-    }
-    if args.total_steps is not None:
-        if not float(args.total_steps).is_integer() or args.total_steps < 1:
-            raise ConfigError(f"--total-steps must be a positive integer, got {args.total_steps:g}")
-        flags["total_steps"] = int(args.total_steps)
-    apply_overrides(cfg, {k: v for k, v in flags.items() if v is not None})
-    apply_overrides(cfg, args.overrides)
+    _apply_flags(cfg, args)
     if cfg.num_workers is not None and cfg.num_envs is not None and cfg.num_workers > cfg.num_envs:
         # a preset's worker count must not block a smaller --num-envs
         if args.num_workers is None and not any(o.startswith("num_workers") for o in args.overrides):
@@ -103,14 +108,86 @@ def build_config(env_id: str, args):
     return cfg.validate()
 
 
+def _apply_flags(cfg, args) -> None:
+    """The command line's flags, then its ``--set`` overrides, onto ``cfg``."""
+    from .config import ConfigError, apply_overrides
+
+    flags = {
+        "seed": args.seed, "num_envs": args.num_envs, "num_workers": args.num_workers,
+        "stop_at_return": args.stop_at_return, "device": args.device,
+    }
+    for name, value in (("total_steps", args.total_steps), ("checkpoint_every", args.checkpoint_every)):
+        if value is None:
+            continue
+        low = 1 if name == "total_steps" else 0
+        if not float(value).is_integer() or value < low:
+            kind = "a positive" if low else "a non-negative"
+            raise ConfigError(f"--{name.replace('_', '-')} must be {kind} integer, got {value:g}")
+        flags[name] = int(value)
+    apply_overrides(cfg, {k: v for k, v in flags.items() if v is not None})
+    apply_overrides(cfg, args.overrides)
+
+
+def resume_config(ckpt: dict, args):
+    """The config of the run being resumed with the command line's changes, refused
+    (ConfigError) where they touch more than ``SAFE_ON_RESUME``."""
+    from .config import PPOConfig, check_resume_config
+
+    run = PPOConfig.from_dict(ckpt["config"])
+    cfg = PPOConfig.from_dict(ckpt["config"])
+    _apply_flags(cfg, args)
+    check_resume_config(run, cfg)
+    return cfg.validate()
+
+
+class _StopOnSignal:
+    """SIGINT / SIGTERM ask the training loop to stop at its next safe point (it writes
+    a checkpoint and returns); a second signal raises KeyboardInterrupt at once."""
+
+    def __init__(self):
+        self.signum = None
+        self.last = None
+        self._old = {}
+
+    def __call__(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum, frame):
+        self.last = signum
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"fastvec train: {signal.Signals(signum).name}: stopping at the next safe point with a "
+              "checkpoint (again: stop now)", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+
 def _train(argv) -> int:
     args = _train_parser().parse_args(argv)
     from .config import ConfigError
     from .presets import check_env_id
 
+    resume = None
     try:
-        check_env_id(args.env_id)
-        cfg = build_config(args.env_id, args)
+        if args.resume is not None:
+            resume = _resume_target(args)
+            args.env_id = resume[1]["env_id"]
+            cfg = resume_config(resume[1], args)
+        elif args.env_id is None:
+            raise ValueError("give an env id (e.g. CartPole-v1) or --resume RUN_DIR")
+        else:
+            check_env_id(args.env_id)
+            cfg = build_config(args.env_id, args)
         if args.backend != "ray" and (args.ray_address is not None or args.actors is not None):
             raise ValueError("--ray-address and --actors need --backend ray")
         if args.actors is not None and args.actors < 1:
@@ -131,7 +208,7 @@ def _train(argv) -> int:
 
     from .monitor import default_run_dir
 
-    run_dir = args.logdir or default_run_dir(args.env_id, cfg.seed)
+    run_dir = args.resume or args.logdir or default_run_dir(args.env_id, cfg.seed)
     init = None
     if args.init_from:
         from .checkpoints import load_checkpoint
@@ -143,19 +220,42 @@ def _train(argv) -> int:
                                  f"not {args.env_id}")
         except ValueError as exc:
             return _fail("train", exc, 2)
+    stop = _StopOnSignal()
     try:
-        result = run_training(args.env_id, cfg, run_dir=run_dir, progress=not args.no_progress,
-                       tensorboard=not args.no_tensorboard, init_from=init, backend=args.backend,
-                       ray_address=args.ray_address, ray_actors=args.actors)
+        with stop:
+            result = run_training(args.env_id, cfg, run_dir=run_dir, progress=not args.no_progress,
+                                  tensorboard=not args.no_tensorboard, init_from=init, backend=args.backend,
+                                  ray_address=args.ray_address, ray_actors=args.actors, resume=resume,
+                                  stop=stop)
     except (ConfigError,) as exc:
         return _fail("train", exc, 2)
     except KeyboardInterrupt:
         print("fastvec train: interrupted", file=sys.stderr)
-        return 130
+        return 128 + (stop.last or signal.SIGINT)
     except Exception as exc:  # env failures (WorkerError), spaces the policy cannot handle
         return _fail("train", exc, 1)
-    print(json.dumps(result))
-    return 0
+    print(json.dumps(result), flush=True)
+    return 128 + stop.signum if result.get("interrupted") else 0
+
+
+def _resume_target(args) -> tuple[str, dict]:
+    """``(checkpoint path, checkpoint)`` for ``--resume``, after the flags that cannot go
+    with it are refused."""
+    from .checkpoints import resume_checkpoint
+
+    for flag, value in (("--init-from", args.init_from), ("--zoo", args.zoo)):
+        if value:
+            raise ValueError(f"--resume continues a run; it does not take {flag}")
+    if args.logdir is not None and os.path.realpath(args.logdir) != os.path.realpath(args.resume):
+        raise ValueError("--resume writes into the run's own directory; drop --logdir")
+    found = resume_checkpoint(args.resume)
+    run_env = found[1].get("env_id")
+    if run_env is None:
+        raise ValueError(f"{found[0]} was trained on a vector env given in Python; resume it with "
+                         "fastvec.train.cli.run_training(venv=..., resume=...)")
+    if args.env_id is not None and args.env_id != run_env:
+        raise ValueError(f"{args.resume} is a run of {run_env}, not {args.env_id}")
+    return found
 
 
 def build_storage(env_id, cfg, *, venv=None, env_kwargs=None, backend: str = "engine",
@@ -177,25 +277,33 @@ def build_storage(env_id, cfg, *, venv=None, env_kwargs=None, backend: str = "en
         from ..ray import RayEngine
 
         engine = RayEngine(fns, num_slots=slots, autoreset_mode="same_step", ray_address=ray_address,
-                           num_actors=ray_actors, workers_per_actor=cfg.num_workers, spin_us=cfg.spin_us)
+                           num_actors=ray_actors, workers_per_actor=cfg.num_workers, spin_us=cfg.spin_us,
+                           restart_on_error=cfg.restart_on_error)
         return EngineStorage(engine, kind="fastvec-ray")
     from ..engine import Engine
 
     engine = Engine(fns, num_workers=cfg.num_workers, num_slots=slots, autoreset_mode="same_step",
-                    context=cfg.context, spin_us=cfg.spin_us)
+                    context=cfg.context, spin_us=cfg.spin_us, restart_on_error=cfg.restart_on_error)
     return EngineStorage(engine)
 
 
 def run_training(env_id: str | None = None, config=None, *, venv=None, env_kwargs: dict | None = None,
                  run_dir: str | None = None, progress: bool = True, tensorboard: bool = True,
                  init_from: str | dict | None = None, save: bool = True, backend: str = "engine",
-                 ray_address: str | None = None, ray_actors: int | None = None) -> dict:
+                 ray_address: str | None = None, ray_actors: int | None = None,
+                 resume: str | tuple | None = None, stop=None) -> dict:
     """What ``fastvec train`` does: train PPO on ``env_id`` (or on ``venv``, a gymnasium
     ``VectorEnv`` with same-step autoreset or an SB3 ``VecEnv``, which the caller keeps
     and closes), logging into ``run_dir`` (TensorBoard events, ``metrics.jsonl``,
-    ``learning_curve.png``, ``checkpoint.pt``, ``result.json``; None: no files), starting
-    from the checkpoint ``init_from``. Returns ``train``'s result dict. See
-    ``build_storage`` for ``backend``, ``ray_address`` and ``ray_actors``."""
+    ``learning_curve.png``, ``checkpoint.pt``, ``checkpoints/``, ``result.json``; None:
+    no files), starting from the checkpoint ``init_from``. Returns ``train``'s result
+    dict. See ``build_storage`` for ``backend``, ``ray_address`` and ``ray_actors``.
+
+    ``resume``: a run directory (or ``(path, checkpoint)`` from
+    ``checkpoints.resume_checkpoint``) to continue in place from its newest checkpoint;
+    ``env_id`` and ``config`` default to the run's, a ``config`` given may differ in
+    ``SAFE_ON_RESUME`` keys only. ``stop``: a callable the loop asks at every safe point
+    (True: checkpoint and return, ``result["interrupted"]``)."""
     import numpy as np
     import torch
 
@@ -205,6 +313,25 @@ def run_training(env_id: str | None = None, config=None, *, venv=None, env_kwarg
     from .monitor import Monitor
     from .ppo import resolve_device, warm_up_torch
 
+    resume_step = None
+    if resume is not None:
+        from .checkpoints import resume_checkpoint
+        from .config import check_resume_config
+
+        if init_from is not None:
+            raise ValueError("give init_from or resume, not both")
+        path, ckpt_r = resume_checkpoint(resume) if isinstance(resume, str) else resume
+        if isinstance(resume, str):
+            run_dir = resume if run_dir is None else run_dir
+        if env_id is not None and ckpt_r.get("env_id") not in (None, env_id):
+            raise ValueError(f"{path} is a run of {ckpt_r['env_id']}, not {env_id}")
+        env_id = env_id or ckpt_r.get("env_id")
+        env_kwargs = ckpt_r.get("env_kwargs") if env_kwargs is None else env_kwargs
+        run_cfg = PPOConfig.from_dict(ckpt_r["config"])
+        if config is None:
+            config = run_cfg
+        check_resume_config(run_cfg, config)
+        resume, resume_step = ckpt_r, int(ckpt_r["train_state"]["env_steps"])
     cfg = (config or PPOConfig()).validate()
     device = resolve_device(cfg.device)
     if env_id is None and venv is None:
@@ -220,7 +347,7 @@ def run_training(env_id: str | None = None, config=None, *, venv=None, env_kwarg
         ckpt = load_checkpoint(init_from) if isinstance(init_from, str) else init_from
         if env_id is not None and ckpt.get("env_id") not in (None, env_id):
             raise ValueError(f"checkpoint was trained on {ckpt['env_id']}, not {env_id}")
-    monitor = Monitor(run_dir or None, tensorboard=tensorboard)
+    monitor = Monitor(run_dir or None, tensorboard=tensorboard, resume_step=resume_step)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     warm_up_torch()
@@ -231,8 +358,8 @@ def run_training(env_id: str | None = None, config=None, *, venv=None, env_kwarg
     except BaseException:
         monitor.close()
         raise
-    return train(cfg, storage, monitor, env_id=env_id, env_kwargs=env_kwargs, init=ckpt, progress=progress,
-                 save=save, t_start=t_start)
+    return train(cfg, storage, monitor, env_id=env_id, env_kwargs=env_kwargs, init=ckpt, resume=resume,
+                 stop=stop, progress=progress, save=save, t_start=t_start)
 
 
 def time_to_solve(env_id: str = "CartPole-v1", seeds=(0, 1, 2), threshold: float | None = None,
@@ -289,6 +416,8 @@ def _fail(cmd: str, exc: BaseException, code: int) -> int:
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if code == 1:
         msg = f"{type(exc).__name__}: {msg}"
+        if getattr(exc, "resume_from", None):
+            msg += f" (checkpoint saved; continue with: fastvec train --resume {exc.resume_from})"
     print(f"fastvec {cmd}: error: {msg}", file=sys.stderr)
     return code
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PPOConfig", "ConfigError", "apply_overrides", "FIELD_KINDS"]
+__all__ = ["PPOConfig", "ConfigError", "apply_overrides", "FIELD_KINDS", "SAFE_ON_RESUME", "check_resume_config"]
 
 
 class ConfigError(ValueError):
@@ -95,6 +95,17 @@ class PPOConfig:
     """Episodes in the mean return."""
     log_every_s: float = 1.0
     """Seconds between logging points."""
+    # ---- long runs
+    checkpoint_every: int = 100_000
+    """Env steps between periodic checkpoints in the run directory (0: only at the end)."""
+    keep_checkpoints: int = 3
+    """Periodic checkpoints kept (the oldest are deleted)."""
+    restart_on_error: bool = True
+    """Replace a worker whose env raised or died and go on (its envs' episodes end truncated)."""
+    max_restarts: int = 20
+    """More than this many worker restarts within ``restart_window`` env steps ends the run."""
+    restart_window: int = 50_000
+    """Env steps over which ``max_restarts`` counts."""
 
     def validate(self) -> "PPOConfig":
         def pos_int(name):
@@ -102,11 +113,16 @@ class PPOConfig:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
 
-        for name in ("num_envs", "n_steps", "total_steps", "n_epochs", "minibatch_size", "return_window"):
+        for name in ("num_envs", "n_steps", "total_steps", "n_epochs", "minibatch_size", "return_window",
+                     "keep_checkpoints", "max_restarts", "restart_window"):
             pos_int(name)
         for name in ("num_workers", "torch_threads", "learn_threads"):
             if getattr(self, name) is not None:
                 pos_int(name)
+        v = self.checkpoint_every
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ConfigError(f"checkpoint_every must be a non-negative integer (env steps; 0: only at the end), "
+                              f"got {v!r}")
         if self.num_workers is not None and self.num_workers > self.num_envs:
             raise ConfigError(f"num_workers={self.num_workers} exceeds num_envs={self.num_envs}")
         for name in ("gamma", "gae_lambda"):
@@ -143,6 +159,18 @@ class PPOConfig:
         d = dataclasses.asdict(self)
         d["hidden"] = list(self.hidden)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PPOConfig":
+        """The inverse of ``to_dict`` (a checkpoint's config); ConfigError on keys this
+        version does not know. Keys added since the dict was written keep their defaults."""
+        unknown = sorted(set(d) - set(FIELD_KINDS))
+        if unknown:
+            raise ConfigError(f"unknown config keys {unknown} (written by another fastvec version?)")
+        d = dict(d)
+        if d.get("hidden") is not None:
+            d["hidden"] = tuple(d["hidden"])
+        return cls(**d)
 
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
@@ -232,3 +260,26 @@ def apply_overrides(cfg: PPOConfig, items) -> PPOConfig:
             raise ConfigError(f"unknown --set key {key!r}{hint}; known keys: {', '.join(sorted(FIELD_KINDS))}")
         setattr(cfg, key, _parse_value(key, text, FIELD_KINDS[key]))
     return cfg
+
+
+# What a resumed run may change: how long it runs and when it stops, where and how fast
+# it computes, how it logs and checkpoints, how it treats failing workers. Everything
+# else shapes the learning itself (the envs, the rollout, the objective, the network,
+# the seed) and stays the run's. Changing total_steps moves the learning-rate schedule's
+# end (it decays over total_steps from where it is); other devices or thread counts give
+# results equal only up to floating-point rounding.
+SAFE_ON_RESUME = frozenset({
+    "total_steps", "stop_at_return", "solve_return", "device", "torch_threads", "learn_threads",
+    "num_workers", "context", "spin_us", "log_every_s", "checkpoint_every", "keep_checkpoints",
+    "restart_on_error", "max_restarts", "restart_window",
+})
+
+
+def check_resume_config(run: PPOConfig, new: PPOConfig) -> None:
+    """ConfigError unless ``new`` differs from the run's config ``run`` in safe keys only."""
+    changed = [f.name for f in dataclasses.fields(PPOConfig) if getattr(run, f.name) != getattr(new, f.name)]
+    unsafe = [k for k in changed if k not in SAFE_ON_RESUME]
+    if unsafe:
+        detail = ", ".join(f"{k} ({getattr(run, k)!r} -> {getattr(new, k)!r})" for k in unsafe)
+        raise ConfigError(f"--resume continues the run's config; it cannot change {detail} "
+                          f"(safe to change: {', '.join(sorted(SAFE_ON_RESUME))})")

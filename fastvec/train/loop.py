@@ -5,9 +5,16 @@ and starts the rollout storage (the engine's shared memory, Ray actors, or anoth
 vector env) and the monitor (run directory, TensorBoard). Rollout after rollout it
 collects, checks the stop conditions, computes targets and updates; at the end it
 writes the checkpoint, the learning curve and ``result.json`` into the run directory.
+
+Between an update and the next rollout the learner's state is whole: that *safe point*
+is where the loop writes periodic checkpoints, counts worker restarts against their
+limit and honours a stop request (``stop``: Ctrl-C / SIGTERM in the CLI). A failure
+while the envs step leaves the state of the last safe point untouched (the RNG state is
+kept from there), so it is saved too: ``--resume`` loses at most that rollout.
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
@@ -16,48 +23,97 @@ import time
 import numpy as np
 import torch
 
-from .checkpoints import check_spaces, policy_from_checkpoint, save_checkpoint
+from .checkpoints import PeriodicCheckpoints, check_spaces, policy_from_checkpoint, save_checkpoint
 from .config import PPOConfig
 from .monitor import process_rss, worker_health
 from .policies import describe_policy
-from .ppo import PPO, resolve_device
+from .ppo import PPO, resolve_device, rng_state
 from .presets import solve_threshold
 from .storage import HostPin
 
-__all__ = ["train"]
+__all__ = ["train", "RestartLimitError", "resume_seed"]
+
+
+class RestartLimitError(RuntimeError):
+    """Workers were replaced more often than ``max_restarts`` per ``restart_window``."""
+
+
+def resume_seed(cfg: PPOConfig, env_steps: int) -> int:
+    """The seed a resumed run resets its envs with (env i gets this + i): new episodes,
+    the same ones for every resume from the same checkpoint."""
+    return cfg.seed + env_steps
+
+
+class _RestartWatch:
+    """Counts the storage's worker restarts (after the step that made them, and at safe
+    points); too many within ``restart_window`` env steps raise ``RestartLimitError`` (an
+    env that fails on every reset or step must end the run, not loop)."""
+
+    def __init__(self, storage, cfg: PPOConfig, before: int = 0):
+        self.storage, self.limit, self.window = storage, cfg.max_restarts, cfg.restart_window
+        self.seen = 0
+        self.total = before
+        self.recent = collections.deque()
+
+    def check(self, env_steps: int) -> None:
+        records = self.storage.restarts
+        new = records[self.seen:]
+        self.seen = len(records)
+        self.total += len(new)
+        self.recent.extend([env_steps] * len(new))
+        while self.recent and self.recent[0] <= env_steps - self.window:
+            self.recent.popleft()
+        if len(self.recent) > self.limit:
+            last = (new or records[-1:])[-1].get("error", "")
+            raise RestartLimitError(
+                f"{len(self.recent)} worker restarts within {self.window} env steps "
+                f"(max_restarts={self.limit}); the last: {last}")
 
 
 def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kwargs: dict | None = None,
-          init: dict | None = None, progress: bool = True, save: bool = True,
-          t_start: float | None = None) -> dict:
+          init: dict | None = None, resume: dict | None = None, stop=None, progress: bool = True,
+          save: bool = True, t_start: float | None = None) -> dict:
     """Train PPO on ``storage`` (see ``fastvec.train.storage``), logging to ``monitor``;
     returns the result dict (``solved``, ``env_steps``, ``wall_seconds``,
-    ``final_mean_return``, ``sps`` ...). Closes the storage and the monitor.
+    ``final_mean_return``, ``sps``, ``restarts``, ``interrupted``, ``resumed`` ...).
+    Closes the storage and the monitor.
 
-    ``init``: a loaded checkpoint to start from (its spaces must match). ``t_start``:
-    the ``time.perf_counter()`` the wall time counts from (default: now; the CLI passes
-    the moment before it started the envs, so start-up counts). With a run directory
-    (``monitor.run_dir``) and ``save``, the checkpoint goes there too.
+    ``init``: a loaded checkpoint to start from (weights only; its spaces must match).
+    ``resume``: a loaded checkpoint with a train state to continue (``cfg`` is its config,
+    with safe changes only; see ``fastvec.train.cli``): weights, optimiser, counters and
+    statistics continue, the envs are reset with ``resume_seed``. ``stop``: a callable
+    asked at every safe point; True ends the run there (``result["interrupted"]``).
+    ``t_start``: the ``time.perf_counter()`` the wall time counts from (default: now;
+    the CLI passes the moment before it started the envs, so start-up counts). With a
+    run directory (``monitor.run_dir``) and ``save``, checkpoints go there.
     """
     try:
         cfg = cfg.validate()
         device = resolve_device(cfg.device)
+        if init is not None and resume is not None:
+            raise ValueError("give init or resume, not both")
     except BaseException:
         storage.close()
         monitor.close()
         raise
     if t_start is None:
         t_start = time.perf_counter()
-    ckpt = init
+    ckpt = resume if resume is not None else init
     threshold = cfg.solve_return
     if threshold is None and cfg.stop_at_return is not None:
         threshold = cfg.stop_at_return
     if threshold is None and env_id is not None:
         threshold = solve_threshold(env_id)
+    run_dir = monitor.run_dir if save else None
+    periodic = PeriodicCheckpoints(run_dir, cfg.checkpoint_every, cfg.keep_checkpoints) if run_dir else None
+    state = resume["train_state"] if resume is not None else {}
+    wall_before = float(state.get("wall_seconds", 0.0))
     pin = None
     ppo = None
     bar = None
-    solved = False
+    solved = interrupted = False
+    phase = "start"
+    snap = None  # RNG state at the last safe point
     try:
         if ckpt is not None:
             check_spaces(ckpt, storage.single_observation_space, storage.single_action_space,
@@ -70,22 +126,51 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
             policy = policy_from_checkpoint(ckpt)
             policy.train()
         ppo = PPO(cfg, storage, device, policy)
-        storage.reset(cfg.seed)
+        if resume is not None:
+            ppo.load_train_state(state)
+            ppo.restart_envs(resume_seed(cfg, ppo.env_steps))
+        else:
+            storage.reset(cfg.seed)
+        restarts = _RestartWatch(storage, cfg, int(state.get("restarts", 0)))
+        if hasattr(storage, "on_restart"):  # count (and limit) restarts as they happen
+            storage.on_restart = lambda: restarts.check(ppo.env_steps)
+        if periodic is not None:
+            periodic.start(ppo.env_steps)
         t_ready = time.perf_counter()
-        monitor.text("config", "```\n" + json.dumps(cfg.to_dict(), indent=1) + "\n```")
-        monitor.text("policy", describe_policy(ppo.policy))
+        if resume is None:
+            monitor.text("config", "```\n" + json.dumps(cfg.to_dict(), indent=1) + "\n```")
+            monitor.text("policy", describe_policy(ppo.policy))
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=cfg.total_steps, unit="step", unit_scale=True, file=sys.stderr,
-                       mininterval=0.5, dynamic_ncols=True, desc=env_id or "train", leave=False)
-        last_log_t, last_log_steps, last_learn = t_ready, 0, 0.0
-        last_samples = 0
+            bar = tqdm(total=cfg.total_steps, initial=min(ppo.env_steps, cfg.total_steps), unit="step",
+                       unit_scale=True, file=sys.stderr, mininterval=0.5, dynamic_ncols=True,
+                       desc=env_id or "train", leave=False)
+        last_log_t, last_log_steps, last_learn = t_ready, ppo.env_steps, ppo.t_learn
+        last_samples = getattr(ppo, "_learn_samples", 0)
         pids = storage.worker_pids
         ro = ppo.rollout
         obs0, obsT = ro.obs[0], ro.obs[ro.T]
+
+        def full_state(rng=None):
+            st = ppo.train_state(rng)
+            st["wall_seconds"] = wall_before + time.perf_counter() - t_start
+            st["restarts"] = restarts.total
+            return st
+
         while ppo.env_steps < cfg.total_steps:
+            # ---- a safe point
+            phase = "safe point"
+            restarts.check(ppo.env_steps)
+            if stop is not None and stop():
+                interrupted = True
+                break
+            if periodic is not None and periodic.due(ppo.env_steps):
+                periodic.save(ppo, env_id, env_kwargs, full_state())
+            snap = rng_state()
+            phase = "collect"
             ppo.collect()
+            phase = "learn"
             if bar is not None:
                 bar.update(ppo.T * ppo.N)
             mean_ret = ppo.tracker.mean()
@@ -107,17 +192,18 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
                     "charts/mean_episode_length": float(np.mean(lens)) if lens else None,
                     "charts/episodes": ppo.tracker.episodes,
                     "charts/env_sps": (ppo.env_steps - last_log_steps) / dt,
-                    "charts/env_sps_overall": ppo.env_steps / (now - t_start),
+                    "charts/env_sps_overall": ppo.env_steps / (wall_before + now - t_start),
                     "charts/learner_sps": ((ppo._learn_samples - last_samples)
                                            / max(ppo.t_learn - last_learn, 1e-9)),
                     "time/act_s": ppo.t_act, "time/env_s": ppo.t_env,
                     "time/prepare_s": ppo.t_prep, "time/learn_s": ppo.t_learn,
                     "health/step_latency_us": ppo.last_env_latency * 1e6,
                     "health/act_latency_us": ppo.last_act_latency * 1e6,
+                    "health/restarts": restarts.total + len(storage.restarts) - restarts.seen,
                     **ppo.summarize(),
                 }
                 if pids:
-                    h = worker_health(pids)
+                    h = worker_health(storage.worker_pids)
                     scal["health/workers_alive"] = h.get("workers_alive")
                     scal["health/workers_rss_mb"] = h.get("workers_rss_bytes", 0) / 2**20
                 rss = process_rss()
@@ -129,8 +215,19 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
                     bar.set_postfix_str(f"return {mean_ret:.1f}", refresh=False)
                 last_log_t, last_log_steps = now, ppo.env_steps
                 last_learn, last_samples = ppo.t_learn, ppo._learn_samples
-        wall = time.perf_counter() - t_start
-    except BaseException:
+        phase = "end"
+        restarts.check(ppo.env_steps)  # counted, not limited: the run is over
+    except BaseException as exc:
+        # The envs failed (or too many restarts): the learner's state of the last safe
+        # point is whole, so keep it. Not after a second Ctrl-C: that one means now.
+        if (run_dir and ppo is not None and isinstance(exc, Exception)
+                and phase in ("collect", "safe point")):
+            try:
+                save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), ppo, env_id, env_kwargs,
+                                train_state=full_state(snap if phase == "collect" else None))
+                exc.resume_from = run_dir
+            except Exception:  # pragma: no cover - the original error matters more
+                pass
         monitor.close()
         raise
     finally:
@@ -139,6 +236,7 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
         if pin is not None:
             pin.release()
         storage.close()
+    wall = wall_before + time.perf_counter() - t_start
     final_mean = ppo.tracker.mean()
     if cfg.stop_at_return is None and threshold is not None and final_mean is not None:
         solved = ppo.tracker.full() and final_mean >= threshold
@@ -163,21 +261,27 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
         "time_breakdown": {"act": round(ppo.t_act, 4), "env": round(ppo.t_env, 4),
                            "prepare": round(ppo.t_prep, 4), "learn": round(ppo.t_learn, 4)},
         "learner_sps": round(getattr(ppo, "_learn_samples", 0) / ppo.t_learn, 1) if ppo.t_learn else None,
+        "restarts": restarts.total,
+        "interrupted": interrupted,
+        "resumed": resume is not None or bool(state.get("resumed")),
     }
     # final logging point, checkpoint, plot
     rets, lens = ppo.tracker.drain()
-    monitor.log(ppo.env_steps, {"charts/mean_return": final_mean,
-                                "charts/env_sps_overall": result["sps"], **ppo.summarize()},
-                {"charts/episode_returns": rets, "charts/episode_lengths": lens})
-    run_dir = monitor.run_dir
-    if run_dir:
-        result["run_dir"] = run_dir
-        if save:
+    if monitor.last_step is None or monitor.last_step < ppo.env_steps:  # one row per step
+        monitor.log(ppo.env_steps, {"charts/mean_return": final_mean, "health/restarts": restarts.total,
+                                    "charts/env_sps_overall": result["sps"], **ppo.summarize()},
+                    {"charts/episode_returns": rets, "charts/episode_lengths": lens})
+    if monitor.run_dir:
+        result["run_dir"] = monitor.run_dir
+        if run_dir:  # save
+            st = full_state()
+            st["wall_seconds"] = wall
+            st["resumed"] = result["resumed"]
             result["checkpoint"] = save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), ppo, env_id,
-                                                   env_kwargs, extra={"result": dict(result)})
+                                                   env_kwargs, extra={"result": dict(result)}, train_state=st)
         monitor.plot(title=f"{env_id or storage.kind} seed {cfg.seed}", curve=ppo.curve,
                      threshold=threshold)
-        with open(os.path.join(run_dir, "result.json"), "w") as f:
+        with open(os.path.join(monitor.run_dir, "result.json"), "w") as f:
             json.dump(result, f, indent=1)
     monitor.close()
     return result

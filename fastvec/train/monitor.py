@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-__all__ = ["Monitor", "default_run_dir", "process_rss", "worker_health"]
+__all__ = ["Monitor", "default_run_dir", "process_rss", "worker_health", "thin"]
 
 
 def default_run_dir(env_id: str, seed: int, root: str = "runs") -> str:
@@ -69,6 +69,19 @@ def worker_health(pids) -> dict:
     return {"workers_alive": alive, "workers_total": len(pids), "workers_rss_bytes": rss}
 
 
+CURVE_POINTS = 4096
+
+
+def thin(points: list, cap: int = CURVE_POINTS) -> None:
+    """Keep a learning curve's memory bounded over any run length: past ``cap`` points,
+    drop every other one (the oldest resolution halves; the newest point stays)."""
+    if len(points) > cap:
+        last = points[-1]
+        del points[1::2]
+        if points[-1] is not last:
+            points.append(last)
+
+
 def _jsonable(v):
     if isinstance(v, (np.floating, np.integer)):
         v = v.item()
@@ -77,22 +90,48 @@ def _jsonable(v):
     return v
 
 
+def _truncate_jsonl(path: str, last_step: int) -> None:
+    """Keep the rows of ``path`` up to env step ``last_step`` (and no torn last line)."""
+    keep = []
+    with open(path) as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a kill
+            if row.get("env_steps", 0) <= last_step:
+                keep.append(line if line.endswith("\n") else line + "\n")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(keep)
+    os.replace(tmp, path)
+
+
 class Monitor:
     """Writes scalars to TensorBoard and ``metrics.jsonl``; draws the PNG at close."""
 
-    def __init__(self, run_dir: str | None, tensorboard: bool = True):
+    def __init__(self, run_dir: str | None, tensorboard: bool = True, resume_step: int | None = None):
+        """``resume_step``: a resumed run continues from this env step: the rows logged
+        after it (by the run that was interrupted) are dropped from ``metrics.jsonl`` and
+        hidden from TensorBoard (``purge_step``), so both continue without a gap or a
+        duplicate step."""
         self.run_dir = run_dir
         self.writer = None
         self._jsonl = None
-        self.history: list[dict] = []
+        self.points: list[tuple[int, float]] = []  # (env steps, mean return), thinned
+        self.last_step: int | None = None
         if run_dir is None:
             return
         os.makedirs(run_dir, exist_ok=True)
+        path = os.path.join(run_dir, "metrics.jsonl")
+        if resume_step is not None and os.path.exists(path):
+            _truncate_jsonl(path, resume_step)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(run_dir, flush_secs=10)
-        self._jsonl = open(os.path.join(run_dir, "metrics.jsonl"), "a", buffering=1)
+            purge = None if resume_step is None else resume_step + 1
+            self.writer = SummaryWriter(run_dir, flush_secs=10, purge_step=purge)
+        self._jsonl = open(path, "a", buffering=1)
 
     # ---------------------------------------------------------------- writing
     def log(self, step: int, scalars: dict, histograms: dict | None = None) -> None:
@@ -109,7 +148,10 @@ class Monitor:
                 values = np.asarray(values, dtype=np.float64)
                 if values.size:
                     self.writer.add_histogram(k, values, step)
-        self.history.append(row)
+        self.last_step = row["env_steps"]
+        if row.get("charts/mean_return") is not None:
+            self.points.append((row["env_steps"], row["charts/mean_return"]))
+            thin(self.points)
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(row) + "\n")
 
@@ -129,9 +171,7 @@ class Monitor:
         matplotlib.use("Agg", force=True)
         import matplotlib.pyplot as plt
 
-        pts = [(s, r) for s, r in (curve or ()) if r is not None] or [
-            (r["env_steps"], r["charts/mean_return"]) for r in self.history
-            if r.get("charts/mean_return") is not None]
+        pts = [(s, r) for s, r in (curve or ()) if r is not None] or self.points
         fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
         if pts:
             x, y = zip(*pts)

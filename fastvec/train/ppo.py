@@ -29,10 +29,11 @@ import torch.nn as nn
 from ..gae import gae
 from ..options import available_cores
 from .config import ConfigError, PPOConfig
+from .monitor import thin
 from .policies import ActorCritic, GaussianDist, is_image_space, make_policy
 from .rollout import Rollout
 
-__all__ = ["PPO", "FlatAdam", "flatten_parameters", "resolve_device", "warm_up_torch"]
+__all__ = ["PPO", "FlatAdam", "flatten_parameters", "resolve_device", "warm_up_torch", "rng_state", "set_rng_state"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -94,8 +95,36 @@ class FlatAdam:
             self.param.addcdiv_(self.m, self._denom, value=-self.lr / bc1)
 
     def state_dict(self) -> dict:
-        return {"m": self.m, "v": self.v, "t": self.t, "lr": self.lr, "eps": self.eps,
-                "betas": (self.b1, self.b2)}
+        return {"m": self.m.detach().cpu().clone(), "v": self.v.detach().cpu().clone(), "t": self.t,
+                "lr": self.lr, "eps": self.eps, "betas": (self.b1, self.b2)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["m"].shape != self.m.shape:
+            raise ValueError(f"optimiser state for {state['m'].numel()} parameters, the policy has "
+                             f"{self.m.numel()}")
+        with torch.no_grad():
+            self.m.copy_(state["m"])
+            self.v.copy_(state["v"])
+        self.t, self.lr, self.eps = int(state["t"]), float(state["lr"]), float(state["eps"])
+        self.b1, self.b2 = state["betas"]
+
+
+def rng_state() -> dict:
+    """torch's and numpy's global RNG states (and CUDA's where initialised)."""
+    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: dict) -> None:
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(st["numpy"])
+    if "cuda" in st and torch.cuda.is_available():
+        try:
+            torch.cuda.set_rng_state_all(st["cuda"])
+        except (RuntimeError, IndexError):  # another device count: CUDA draws differ, the rest holds
+            pass
 
 
 _WARM = False
@@ -160,6 +189,22 @@ class _EpisodeTracker:
         self.recent_returns, self.recent_lengths = [], []
         return r, l
 
+    def restart_envs(self) -> None:
+        """The envs were reset: the episodes in progress are dropped, not counted."""
+        self.ret[:] = 0.0
+        self.len[:] = 0
+
+    def state(self) -> dict:
+        return {"window": list(self.window), "episodes": self.episodes,
+                "recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths)}
+
+    def load(self, state: dict) -> None:
+        self.window.clear()
+        self.window.extend(state["window"])
+        self.episodes = int(state["episodes"])
+        self.recent_returns = list(state["recent_returns"])
+        self.recent_lengths = list(state["recent_lengths"])
+
 
 class _RewardScaler:
     """SB3 VecNormalize-style reward scaling: divide by the running std of the
@@ -169,6 +214,12 @@ class _RewardScaler:
         self.acc = np.zeros(n)
         self.gamma, self.clip, self.eps = gamma, clip, eps
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4
+
+    def state(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
 
     def __call__(self, rewards, done) -> np.ndarray:
         T = rewards.shape[0]
@@ -221,6 +272,50 @@ class PPO:
         self._batch = self.T * self.N
         self.num_updates = max(1, cfg.total_steps // self._batch)
 
+    # ------------------------------------------------------------------ resuming
+    def train_state(self, rng: dict | None = None) -> dict:
+        """Everything besides the weights (and the config) that a resumed run needs to
+        continue exactly: optimiser, counters (the schedules follow ``updates``), episode
+        statistics, reward normaliser, time counters, the learning curve and the RNG
+        states (``rng``: a ``rng_state()`` taken earlier, default now). The observation
+        normaliser is part of the policy's state dict."""
+        return {
+            "optimizer": self.opt.state_dict(),
+            "env_steps": self.env_steps, "updates": self.updates,
+            "grad_steps": getattr(self, "grad_steps", 0),
+            "learn_samples": getattr(self, "_learn_samples", 0),
+            "tracker": self.tracker.state(),
+            "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state(),
+            "times": {"act": self.t_act, "env": self.t_env, "prepare": self.t_prep, "learn": self.t_learn},
+            "curve": list(self.curve),
+            "rng": rng if rng is not None else rng_state(),
+        }
+
+    def load_train_state(self, state: dict) -> None:
+        """Continue from ``train_state()`` (weights already loaded into the policy); the
+        envs must be reset afterwards (``restart_envs``)."""
+        self.opt.load_state_dict(state["optimizer"])
+        self.env_steps, self.updates = int(state["env_steps"]), int(state["updates"])
+        self.grad_steps, self._learn_samples = int(state["grad_steps"]), int(state["learn_samples"])
+        self.tracker.load(state["tracker"])
+        if (state["reward_scaler"] is None) != (self.reward_scaler is None):
+            raise ValueError("the checkpoint's normalize_reward differs from the config's")
+        if self.reward_scaler is not None:
+            self.reward_scaler.load(state["reward_scaler"])
+        t = state["times"]
+        self.t_act, self.t_env, self.t_prep, self.t_learn = t["act"], t["env"], t["prepare"], t["learn"]
+        self.curve = [tuple(p) for p in state["curve"]]
+        set_rng_state(state["rng"])
+
+    def restart_envs(self, seed: int | None) -> None:
+        """Reset every env (``seed + i`` for env i) into slot 0 of a new rollout: the
+        episodes in progress are dropped from the statistics and the reward normaliser's
+        running returns start again."""
+        self.storage.reset(seed)
+        self.tracker.restart_envs()
+        if self.reward_scaler is not None:
+            self.reward_scaler.acc[:] = 0.0
+
     def _set_threads(self, n: int) -> None:
         if self._threads != n:
             torch.set_num_threads(n)
@@ -270,6 +365,7 @@ class PPO:
         tr.update(b.rewards[1:], b.terminated[1:], b.truncated[1:])
         if tr.episodes != n_before:  # for the learning-curve PNG
             self.curve.append((self.env_steps, tr.mean()))
+            thin(self.curve)  # bounded, however long the run
 
     # ------------------------------------------------------------------ targets
     @torch.no_grad()

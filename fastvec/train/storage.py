@@ -1,7 +1,7 @@
 """Rollout storage: where the trainer's rollouts live, one protocol for every source.
 
 A storage has ``num_envs``, ``num_workers``, ``single_observation_space``,
-``single_action_space``, ``kind``, ``worker_pids`` and ``[T + 1, N, ...]`` arrays
+``single_action_space``, ``kind``, ``worker_pids``, ``restarts`` and ``[T + 1, N, ...]`` arrays
 ``obs``, ``final_obs``, ``act``, ``rewards``, ``terminated`` and ``truncated``;
 ``reset(seed)`` writes the first observations into slot 0, ``step(t)`` steps every env
 on the actions in ``act[t]`` and writes step t's results into slot ``t`` (``final_obs``
@@ -68,6 +68,13 @@ class EngineStorage:
         self.truncated = eng.truncated
         self._step_async = eng.step_async
         self._step_wait = eng.step_wait
+        self.on_restart = None  # called after a step in which the engine replaced a worker
+        self._restarts_seen = 0
+
+    @property
+    def restarts(self) -> list[dict]:
+        """One record per worker the engine replaced (``restart_on_error``)."""
+        return self.engine.restarts
 
     @property
     def worker_pids(self) -> list[int]:
@@ -84,6 +91,10 @@ class EngineStorage:
     def step(self, slot: int) -> None:
         self._step_async(IN_SLOT, slot)  # the policy wrote the actions into the slot
         self._step_wait()
+        if len(self.engine.restarts) != self._restarts_seen:
+            self._restarts_seen = len(self.engine.restarts)
+            if self.on_restart is not None:
+                self.on_restart()
 
     def close(self) -> None:
         self.engine.close()
@@ -112,6 +123,10 @@ class _CopyStorage:
         self.truncated = alloc((S, N), np.bool_, pin)
 
     worker_pids: list = []
+
+    @property
+    def restarts(self) -> list[dict]:  # the caller's vector env does its own fault handling
+        return []
 
     def arrays(self) -> list[np.ndarray]:
         return []  # already pinned at allocation when needed

@@ -1,0 +1,677 @@
+#!/usr/bin/env python
+"""Soak benchmark: long runs of fastvec leak nothing.
+
+Two parts, each sampled every ``--interval`` seconds (wall clock):
+
+* ``engine``: ``--engine-steps`` env steps (default 10M) of CartPole-v1 through
+  ``fastvec.AsyncVectorEnv`` with ``--num-envs`` envs (default 16) and random actions
+  drawn before the loop and cycled, so the loop itself allocates nothing per step.
+* ``train``: ``python -m fastvec train CartPole-v1 --total-steps --train-steps`` as a
+  subprocess (default 2M env steps); env steps read from the run's ``metrics.jsonl``.
+
+Each sample records the RSS and open fds of the main process (this script, or the
+trainer) and of its worker processes (summed), plus the files in ``/dev/shm``: all of
+them, and those mapped by the processes of the run. The analysis drops a warm-up
+(the first 10% of env steps or the first 2 samples, whichever drops more), fits
+RSS against env steps by least squares and checks fds and shared-memory segments for
+growth; after the vector env is closed / the trainer exits, no segment of the run may
+remain and ``/dev/shm`` must hold no more files than before.
+
+    python benchmarks/soak.py --out benchmarks/results/soak
+    python benchmarks/soak.py --engine-steps 2e5 --train-steps 1e5 --out /tmp/soak-small
+
+Writes ``soak.md``, ``soak.json`` and ``soak_rss.png`` into ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import psutil
+
+SHM_DIR = "/dev/shm"
+MIB = float(1 << 20)
+RSS_SLOPE_GOAL_MB = 1.0  # MB (MiB) per million env steps
+FIELDS = ("env_steps", "t", "parent_rss", "workers_rss_sum", "parent_fds", "worker_fds_sum",
+          "shm_files", "shm_bytes", "run_shm_files", "num_workers")
+
+
+# ----------------------------------------------------------------------- sampling
+def _steps_arg(text: str) -> int:
+    try:
+        value = float(str(text).replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of steps: {text!r}") from None
+    if value < 0 or value != int(value):
+        raise argparse.ArgumentTypeError(f"steps must be a non-negative whole number, got {text!r}")
+    return int(value)
+
+
+def shm_listing() -> dict[str, int]:
+    """Every file in /dev/shm with its size in bytes."""
+    out = {}
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return out
+    for name in names:
+        try:
+            st = os.stat(os.path.join(SHM_DIR, name))
+        except OSError:  # unlinked between listdir and stat
+            continue
+        out[name] = st.st_size
+    return out
+
+
+def mapped_shm(pid: int) -> set[str]:
+    """Names of the /dev/shm files that process ``pid`` has mapped or open."""
+    names = set()
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                i = line.find(SHM_DIR + "/")
+                if i >= 0:
+                    names.add(line[i + len(SHM_DIR) + 1:].split()[0])
+    except OSError:
+        pass
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(SHM_DIR + "/"):
+                names.add(target[len(SHM_DIR) + 1:].split()[0])
+    except OSError:
+        pass
+    return names
+
+
+def _is_helper(proc: psutil.Process) -> bool:
+    """multiprocessing's resource tracker (or forkserver): not an env worker."""
+    try:
+        cmd = " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return "resource_tracker" in cmd or "forkserver" in cmd
+
+
+class Sampler:
+    """Samples one process tree: ``main`` and its descendants (workers; helpers such as
+    the resource tracker are listed apart and left out of the worker sums)."""
+
+    def __init__(self, main_pid: int):
+        self.main = psutil.Process(main_pid)
+        self.t0 = time.perf_counter()
+        self.samples: list[dict] = []
+        self.seen_shm: set[str] = set()
+        self.seen_workers: set[int] = set()
+        self.seen_helpers: set[int] = set()
+        self._helper_cache: dict[int, bool] = {}
+
+    def _classify(self, proc: psutil.Process) -> bool:
+        key = proc.pid
+        if key not in self._helper_cache:
+            self._helper_cache[key] = _is_helper(proc)
+        return self._helper_cache[key]
+
+    def sample(self, env_steps: int) -> dict | None:
+        try:
+            parent_rss = self.main.memory_info().rss
+            parent_fds = self.main.num_fds()
+            kids = self.main.children(recursive=True)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return None
+        shm_names = mapped_shm(self.main.pid)
+        w_rss = w_fds = n_workers = 0
+        for kid in kids:
+            try:
+                helper = self._classify(kid)
+                if not helper:
+                    rss, fds = kid.memory_info().rss, kid.num_fds()
+            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                continue
+            shm_names |= mapped_shm(kid.pid)
+            if helper:
+                self.seen_helpers.add(kid.pid)
+                continue
+            self.seen_workers.add(kid.pid)
+            w_rss += rss
+            w_fds += fds
+            n_workers += 1
+        listing = shm_listing()
+        run_shm = {n for n in shm_names if n in listing} if shm_names else set()
+        self.seen_shm |= shm_names
+        row = {
+            "env_steps": int(env_steps),
+            "t": round(time.perf_counter() - self.t0, 3),
+            "parent_rss": int(parent_rss),
+            "workers_rss_sum": int(w_rss),
+            "parent_fds": int(parent_fds),
+            "worker_fds_sum": int(w_fds),
+            "shm_files": len(listing),
+            "shm_bytes": int(sum(listing.values())),
+            "run_shm_files": len(run_shm),
+            "num_workers": n_workers,
+        }
+        self.samples.append(row)
+        return row
+
+
+def pids_alive(pids) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def shm_holders(names) -> dict[str, list[str]]:
+    """For each /dev/shm file name, the live processes that map or hold it open
+    ("pid: command"): on a shared machine other programs use /dev/shm too."""
+    names = set(names)
+    found: dict[str, list[str]] = {n: [] for n in names}
+    if not names:
+        return found
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        held = mapped_shm(int(entry)) & names
+        if not held:
+            continue
+        try:
+            cmd = " ".join(" ".join(psutil.Process(int(entry)).cmdline()).split())[:120]
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            cmd = "?"
+        for n in held:
+            found[n].append(f"{entry}: {cmd}")
+    return found
+
+
+def end_state(before: dict[str, int], seen_shm: set[str], pids, wait_s: float = 0.0) -> dict:
+    """/dev/shm and the run's processes after the run: the files new since before it,
+    split into the run's own segments, files other live processes hold (not the run's:
+    another program on the machine), and files nobody holds that the run never mapped
+    (can't be attributed, so they count against the run)."""
+    if wait_s:
+        time.sleep(wait_s)
+    after = shm_listing()
+    new = sorted(set(after) - set(before))
+    holders = shm_holders(n for n in new if n not in seen_shm)
+    me = f"{os.getpid()}: "
+    foreign = {n: h for n, h in holders.items() if h and not any(x.startswith(me) for x in h)}
+    return {
+        "new_shm_files_of_others": foreign,
+        "new_shm_files_unattributed": sorted(n for n in new if n not in seen_shm and n not in foreign),
+        "shm_files_before": len(before),
+        "shm_files_after": len(after),
+        "shm_bytes_before": int(sum(before.values())),
+        "shm_bytes_after": int(sum(after.values())),
+        "new_shm_files": sorted(set(after) - set(before)),
+        "run_segments_seen": sorted(seen_shm),
+        "run_segments_left": sorted(n for n in seen_shm if n in after),
+        "processes_left": pids_alive(pids),
+    }
+
+
+# ----------------------------------------------------------------------- parts
+def run_engine(total_steps: int, num_envs: int, interval: float, seed: int = 0) -> dict:
+    import gymnasium
+
+    import fastvec
+
+    shm_before = shm_listing()
+    t_build = time.perf_counter()
+    venv = fastvec.AsyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * num_envs)
+    sampler = Sampler(os.getpid())
+    worker_pids = list(venv.engine.worker_pids)
+    num_calls = -(-total_steps // num_envs)
+    block = np.random.default_rng(seed).integers(0, 2, size=(10_000, num_envs), dtype=np.int64)
+    check_every = 256
+    closed = False
+    try:
+        venv.reset(seed=seed)
+        build_s = time.perf_counter() - t_build
+        sampler.sample(0)
+        t_start = time.perf_counter()
+        next_sample = t_start + interval
+        nb = len(block)
+        step = venv.step
+        print(f"[engine] {num_calls:,} step() calls x {num_envs} envs, "
+              f"{venv.engine.num_workers} workers (pids {worker_pids})", flush=True)
+        for i in range(num_calls):
+            step(block[i % nb])
+            if i % check_every == 0:
+                now = time.perf_counter()
+                if now >= next_sample:
+                    row = sampler.sample((i + 1) * num_envs)
+                    next_sample = now + interval
+                    if len(sampler.samples) % 15 == 0:
+                        _progress("engine", row, total_steps)
+        wall = time.perf_counter() - t_start
+        sampler.sample(num_calls * num_envs)
+        _progress("engine", sampler.samples[-1], total_steps)
+        venv.close()
+        closed = True
+    finally:
+        if not closed:
+            venv.close()
+    end = end_state(shm_before, sampler.seen_shm, sampler.seen_workers | set(worker_pids))
+    later = end_state(shm_before, sampler.seen_shm, sampler.seen_workers | set(worker_pids), wait_s=2.0)
+    return {
+        "part": "engine",
+        "total_steps": num_calls * num_envs,
+        "num_envs": num_envs,
+        "num_workers": len(worker_pids),
+        "wall_s": round(wall, 2),
+        "build_s": round(build_s, 2),
+        "env_steps_per_s": round(num_calls * num_envs / wall, 1),
+        "samples": sampler.samples,
+        "helpers": sorted(sampler.seen_helpers),
+        "end": end,
+        "end_after_2s": later,
+        "command": None,
+    }
+
+
+def _last_env_steps(path: str) -> int | None:
+    """``env_steps`` of the last complete line of a growing metrics.jsonl."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 8192))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            return int(json.loads(line)["env_steps"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a partial line being written, or the cut first line
+    return None
+
+
+def run_train(total_steps: int, interval: float) -> dict:
+    shm_before = shm_listing()
+    logdir = tempfile.mkdtemp(prefix="fastvec-soak-train-")
+    cmd = [sys.executable, "-m", "fastvec", "train", "CartPole-v1", "--total-steps", str(total_steps),
+           "--no-progress", "--logdir", logdir, "--no-tensorboard"]
+    metrics = os.path.join(logdir, "metrics.jsonl")
+    log_path = os.path.join(logdir, "trainer-output.log")
+    print(f"[train] {shlex.join(cmd)}", flush=True)
+    t_start = time.perf_counter()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        sampler = Sampler(proc.pid)
+        estimated = 0
+        last_known = (0.0, 0)  # (t, env_steps) of the last metrics line
+        rate = None
+        try:
+            while proc.poll() is None:
+                now = time.perf_counter() - t_start
+                steps = _last_env_steps(metrics)
+                if steps is not None:
+                    if steps > last_known[1] and last_known[1] > 0:
+                        rate = (steps - last_known[1]) / max(1e-9, now - last_known[0])
+                    if steps != last_known[1]:
+                        last_known = (now, steps)
+                    env_steps, estimated = steps, 0
+                elif rate is not None:  # absent: estimate from time
+                    env_steps, estimated = int(last_known[1] + rate * (now - last_known[0])), 1
+                else:
+                    env_steps, estimated = 0, 1
+                row = sampler.sample(env_steps)
+                if row is not None:
+                    row["steps_estimated"] = estimated
+                    if len(sampler.samples) % 15 == 0:
+                        _progress("train", row, total_steps)
+                deadline = time.perf_counter() + interval
+                while proc.poll() is None and time.perf_counter() < deadline:
+                    time.sleep(0.05)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    rc = proc.wait()
+    wall = time.perf_counter() - t_start
+    end = end_state(shm_before, sampler.seen_shm, sampler.seen_workers)
+    later = end_state(shm_before, sampler.seen_shm, sampler.seen_workers, wait_s=2.0)
+    with open(log_path, "rb") as f:
+        output = f.read().decode("utf-8", "replace")
+    summary = None
+    for line in reversed(output.splitlines()):
+        try:
+            summary = json.loads(line)
+            break
+        except ValueError:
+            continue
+    final_steps = summary.get("env_steps") if isinstance(summary, dict) else _last_env_steps(metrics)
+    shutil.rmtree(logdir, ignore_errors=True)
+    print(f"[train] exit {rc} after {wall:.1f} s; summary {summary}", flush=True)
+    if rc != 0:
+        print(output[-4000:], file=sys.stderr)
+    return {
+        "part": "train",
+        "total_steps": int(final_steps or total_steps),
+        "requested_steps": total_steps,
+        "wall_s": round(wall, 2),
+        "env_steps_per_s": round((final_steps or 0) / wall, 1) if wall else None,
+        "returncode": rc,
+        "trainer_summary": summary,
+        "trainer_output_tail": output[-2000:],
+        "samples": sampler.samples,
+        "num_workers": max((s["num_workers"] for s in sampler.samples), default=0),
+        "helpers": sorted(sampler.seen_helpers),
+        "end": end,
+        "end_after_2s": later,
+        "command": shlex.join(["python", *cmd[1:-4]]) + " --no-progress --logdir <tmpdir> --no-tensorboard",
+    }
+
+
+def _progress(part: str, row: dict | None, total: int) -> None:
+    if row is None:
+        return
+    print(f"[{part}] {row['env_steps']:>11,} / {total:,} steps  t={row['t']:7.1f}s  "
+          f"rss parent {row['parent_rss'] / MIB:7.1f} MB  workers {row['workers_rss_sum'] / MIB:7.1f} MB  "
+          f"fds {row['parent_fds']}/{row['worker_fds_sum']}  shm {row['shm_files']} ({row['run_shm_files']} ours)",
+          flush=True)
+
+
+# ----------------------------------------------------------------------- analysis
+def after_warmup(samples: list[dict], total_steps: int) -> list[dict]:
+    """Drop the first 10% of env steps or the first 2 samples, whichever drops more."""
+    cut = 0.1 * total_steps
+    return [s for i, s in enumerate(samples) if i >= 2 and s["env_steps"] >= cut]
+
+
+def running(part: dict) -> list[dict]:
+    """The samples taken while the part was stepping. Train: the trainer's start-up
+    before its workers exist and its shutdown (envs closed, final checkpoint, learning
+    curve drawn: no longer the training loop) are left out, i.e. only the samples with
+    the full set of workers alive and fewer env steps than the run's final count."""
+    s = part["samples"]
+    if part["part"] != "train":
+        return s
+    return [r for r in s if r["num_workers"] == part["num_workers"] and r["env_steps"] < part["total_steps"]]
+
+
+def analysed(part: dict) -> list[dict]:
+    """The samples the analysis uses: the running ones after the warm-up."""
+    return after_warmup(running(part), part["total_steps"])
+
+
+def rss_slope(rows: list[dict], key: str) -> float | None:
+    """Least-squares slope of RSS in MB (MiB) per million env steps."""
+    x = np.array([r["env_steps"] for r in rows], dtype=np.float64) / 1e6
+    y = np.array([r[key] for r in rows], dtype=np.float64) / MIB
+    if len(x) < 3 or np.ptp(x) == 0:
+        return None
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def growth(rows: list[dict], key: str) -> dict:
+    """Min/max after warm-up; growth = the largest value of the last half above the
+    largest of the first half (a value that comes and goes is not growth)."""
+    v = [r[key] for r in rows]
+    if not v:
+        return {"min": None, "max": None, "first": None, "last": None, "growth": None}
+    half = max(1, len(v) // 2)
+    return {"min": min(v), "max": max(v), "first": v[0], "last": v[-1],
+            "growth": max(0, max(v[half:] or v) - max(v[:half]))}
+
+
+def analyse(part: dict) -> list[dict]:
+    name = part["part"]
+    rows = analysed(part)
+    results = []
+
+    def add(process, metric, value, goal, ok, detail="", result=None):
+        results.append({"part": name, "process": process, "metric": metric, "value": value,
+                        "goal": goal, "pass": bool(ok), "result": result or ("PASS" if ok else "FAIL"),
+                        "detail": detail})
+
+    enough = len(rows) >= 3
+    for process, key in (("parent" if name == "engine" else "trainer", "parent_rss"),
+                         ("workers (sum)", "workers_rss_sum")):
+        slope = rss_slope(rows, key)
+        span = ""
+        if rows:
+            span = (f"{rows[0][key] / MIB:.1f} -> {rows[-1][key] / MIB:.1f} MB "
+                    f"(min {min(r[key] for r in rows) / MIB:.1f}, max {max(r[key] for r in rows) / MIB:.1f})")
+        add(process, "RSS slope, MB per 1M env steps",
+            None if slope is None else round(slope, 3), f"< {RSS_SLOPE_GOAL_MB:g}",
+            enough and slope is not None and slope < RSS_SLOPE_GOAL_MB, span)
+    for process, key in (("parent" if name == "engine" else "trainer", "parent_fds"),
+                         ("workers (sum)", "worker_fds_sum")):
+        g = growth(rows, key)
+        add(process, "open fds, min-max", f"{g['min']}-{g['max']}", "no growth",
+            enough and g["growth"] == 0, f"first {g['first']}, last {g['last']}")
+    g = growth(rows, "run_shm_files")
+    run_ok = enough and g["growth"] == 0
+    add("all", "/dev/shm segments of the run, min-max", f"{g['min']}-{g['max']}", "no growth",
+        run_ok, f"first {g['first']}, last {g['last']}")
+    g = growth(rows, "shm_files")
+    detail = f"first {g['first']}, last {g['last']}"
+    if enough and g["growth"] and run_ok:  # the extra files are other programs' (tests on this machine)
+        add("all", "/dev/shm files (all), min-max", f"{g['min']}-{g['max']}", "no growth", True,
+            detail + "; the excess are other programs' files (the run's own segments did not grow)",
+            result="INFO")
+    else:
+        add("all", "/dev/shm files (all), min-max", f"{g['min']}-{g['max']}", "no growth",
+            enough and g["growth"] == 0, detail)
+    end = part["end"]
+    others = end["new_shm_files_of_others"]
+    mine = [n for n in end["new_shm_files"] if n not in others]
+    detail = []
+    if others:
+        detail.append(f"{len(others)} new file(s) held by other processes, not counted: " + "; ".join(
+            f"{n} ({', '.join(h)})" for n, h in others.items()))
+    if mine:
+        detail.append(f"not the others': {mine}")
+    add("all", "/dev/shm files before -> after close" if name == "engine" else "/dev/shm files before -> after exit",
+        f"{end['shm_files_before']} -> {end['shm_files_after']}"
+        + (f" ({end['shm_files_after'] - len(others)} without others')" if others else ""),
+        "after <= before", end["shm_files_after"] - len(others) <= end["shm_files_before"] and not mine,
+        "; ".join(detail))
+    add("all", "segments of the run left / worker processes left",
+        f"{len(end['run_segments_left'])} / {len(end['processes_left'])}", "0 / 0",
+        not end["run_segments_left"] and not end["processes_left"],
+        f"segments seen: {len(end['run_segments_seen'])}")
+    if name == "train":
+        add("trainer", "exit status", part["returncode"], "0", part["returncode"] == 0)
+    if not enough:
+        for r in results[:6]:
+            r["detail"] = (r["detail"] + "; " if r["detail"] else "") + f"only {len(rows)} samples after warm-up"
+    return results
+
+
+# ----------------------------------------------------------------------- output
+def machine_info() -> dict:
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+
+    def ver(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": ver("torch"),
+        "gymnasium": ver("gymnasium"),
+        "fastvec": ver("fastvec"),
+        "psutil": psutil.__version__,
+    }
+
+
+def plot(parts: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(parts), figsize=(6.5 * len(parts), 4.2), squeeze=False)
+    for ax, part in zip(axes[0], parts):
+        s = part["samples"]
+        x = np.array([r["env_steps"] for r in s], dtype=np.float64) / 1e6
+        main = "parent" if part["part"] == "engine" else "trainer"
+        ax.plot(x, [r["parent_rss"] / MIB for r in s], marker=".", label=f"{main} RSS")
+        ax.plot(x, [r["workers_rss_sum"] / MIB if r["num_workers"] else np.nan for r in s], marker=".",
+                label=f"workers RSS (sum of {part['num_workers']})")
+        kept = analysed(part)
+        if kept:
+            ax.axvspan(0, kept[0]["env_steps"] / 1e6, color="0.9", label="not analysed (warm-up, shutdown)")
+            if part["part"] == "train":  # the trainer's shutdown, after its last kept sample
+                ax.axvspan(kept[-1]["env_steps"] / 1e6, max(x.max(), kept[-1]["env_steps"] / 1e6),
+                           color="0.9")
+        ax.set_title(f"{part['part']}: {part['total_steps']:,} env steps")
+        ax.set_xlabel("env steps (millions)")
+        ax.set_ylabel("RSS (MB)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_markdown(path: str, info: dict, parts: list[dict], results: list[dict], command: str,
+                   started: str, wall: float, loads: tuple) -> None:
+    lines = [
+        f"# Soak benchmark ({started})",
+        "",
+        f"- machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, {info['platform']}",
+        f"- python {info['python']}, numpy {info['numpy']}, torch {info['torch']}, "
+        f"gymnasium {info['gymnasium']}, fastvec {info['fastvec']}, psutil {info['psutil']}",
+        f"- load average (1 min) at start {loads[0]:.2f}, at end {loads[1]:.2f}; total wall time {wall:.0f} s",
+        "",
+        "Reproduce:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+    ]
+    for part in parts:
+        if part["part"] == "engine":
+            lines.append(
+                f"- **engine**: {part['total_steps']:,} env steps of CartPole-v1, `fastvec.AsyncVectorEnv` "
+                f"with {part['num_envs']} envs on {part['num_workers']} workers, random actions (a pre-drawn "
+                f"block of 10,000 x {part['num_envs']}, cycled); {part['wall_s']:.0f} s, "
+                f"{part['env_steps_per_s']:,.0f} env steps/s, {len(part['samples'])} samples ({len(analysed(part))} analysed).")
+        else:
+            lines.append(
+                f"- **train**: `{part['command']}`: {part['total_steps']:,} env steps, {part['wall_s']:.0f} s, "
+                f"{part['env_steps_per_s'] or 0:,.0f} env steps/s, exit {part['returncode']}, "
+                f"{part['num_workers']} worker process(es), {len(part['samples'])} samples ({len(analysed(part))} analysed).")
+    lines += [
+        "",
+        "Warm-up dropped: the first 10% of env steps or the first 2 samples, whichever is more; "
+        "train also drops the trainer's shutdown (samples once its workers are gone or its env steps "
+        "reached the final count: final checkpoint, learning-curve plot). "
+        "RSS slope: least-squares line of RSS (MB = 2^20 bytes) against env steps over the kept samples. "
+        "fds / segments: *growth* means the largest value of the second half of the kept samples exceeds "
+        "the largest of the first half. \"Segments of the run\" are the /dev/shm files mapped or open in "
+        "the run's processes; \"all\" counts every file in /dev/shm (other programs included: INFO, not FAIL, "
+        "when only those grew). Before -> after: files new since the part started that another live "
+        "process maps or holds open are other programs' and not counted; any other new file fails. "
+        "Workers: every descendant process except multiprocessing's resource tracker.",
+        "",
+        "| part | process | metric | value | goal | result | detail |",
+        "|---|---|---|---:|---|---|---|",
+    ]
+    for r in results:
+        value = "n/a" if r["value"] is None else r["value"]
+        lines.append(f"| {r['part']} | {r['process']} | {r['metric']} | {value} | {r['goal']} | "
+                     f"{r['result'] if r['pass'] else '**FAIL**'} | {r['detail'].replace('|', '/')} |")
+    counts = {k: sum(r["result"] == k for r in results) for k in ("PASS", "INFO", "FAIL")}
+    lines += ["", "**" + ", ".join(f"{v} {k}" for k, v in counts.items() if v) + f"** of {len(results)} rows",
+              "", "![RSS against env steps](soak_rss.png)", ""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine-steps", type=_steps_arg, default=10_000_000, help="env steps of the engine part (1e7 accepted)")
+    ap.add_argument("--train-steps", type=_steps_arg, default=2_000_000, help="env steps of the train part")
+    ap.add_argument("--num-envs", type=int, default=16, help="envs of the engine part")
+    ap.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
+    ap.add_argument("--out", default=os.path.join("benchmarks", "results", "soak"))
+    ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--skip-train", action="store_true")
+    args = ap.parse_args(argv)
+    if args.num_envs < 1:
+        ap.error("--num-envs must be >= 1")
+    if args.interval <= 0:
+        ap.error("--interval must be > 0")
+    if args.skip_engine and args.skip_train:
+        ap.error("nothing to do: both parts skipped")
+
+    command = shlex.join(["python", "benchmarks/soak.py", *(sys.argv[1:] if argv is None else argv)])
+    started = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    os.makedirs(args.out, exist_ok=True)
+    info = machine_info()
+    parts = []
+    if not args.skip_engine:
+        parts.append(run_engine(args.engine_steps, args.num_envs, args.interval))
+    if not args.skip_train:
+        parts.append(run_train(args.train_steps, args.interval))
+    wall = time.perf_counter() - t0
+    load1 = os.getloadavg()[0]
+    results = [r for part in parts for r in analyse(part)]
+
+    with open(os.path.join(args.out, "soak.json"), "w") as f:
+        json.dump({"started": started, "command": command, "wall_s": round(wall, 1),
+                   "load_average": [load0, load1], "machine": info, "fields": FIELDS,
+                   "results": results, "parts": parts}, f, indent=1)
+    write_markdown(os.path.join(args.out, "soak.md"), info, parts, results, command, started, wall,
+                   (load0, load1))
+    plot(parts, os.path.join(args.out, "soak_rss.png"))
+
+    width = max(len(r["metric"]) for r in results)
+    print()
+    for r in results:
+        print(f"{r['result']:<4}  {r['part']:<6} {r['process']:<14} {r['metric']:<{width}}  "
+              f"{r['value']}  (goal {r['goal']})  {r['detail']}")
+    print(f"\nwall {wall:.0f} s; wrote {args.out}/soak.md, soak.json, soak_rss.png")
+    return 0 if all(r["pass"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
