@@ -5,8 +5,8 @@ killed with SIGKILL at random moments (``--kills`` times, each a uniform 0.5-3 s
 (re)started run logged its first rows) and continued with ``--resume`` until it ends.
 Both runs alternate seed by seed, in fresh processes. Reported per seed: whether each
 reached R, the env steps its final JSON line counts, the difference in rollouts, the env
-steps actually executed by the killed run (counted + redone after each kill), and the
-wall times.
+steps the killed run executed (a lower bound: each killed segment counts up to its last
+logged row or checkpoint), and the wall times.
 
     python benchmarks/bench_resume.py [--env CartPole-v1] [--seeds 0 1 2] [--kills 2]
                                       [--out benchmarks/results/resume]
@@ -61,7 +61,7 @@ def run_one(env, seed, target, run, kills, rng, extra):
                     "--no-progress", "--no-tensorboard", *extra]
     resume = base + ["--resume", run, "--no-progress", "--no-tensorboard"]
     t0 = time.perf_counter()
-    executed = 0
+    executed = start = 0
     killed = 0
     cmd = first
     while True:
@@ -71,14 +71,15 @@ def run_one(env, seed, target, run, kills, rng, extra):
             if p.poll() is None:
                 p.kill()
                 p.communicate()
-                # a segment ran from its checkpoint to (at least) its last logged row;
-                # the next one starts from the checkpoint the resume will take
+                # this segment ran from `start` to at least its last logged row and its
+                # last checkpoint; the next one starts from the checkpoint a resume takes
                 rows = _rows(run)
-                executed += rows[-1]["env_steps"] if rows else 0
                 try:
-                    executed -= resume_checkpoint(run)[1]["train_state"]["env_steps"]
+                    kept = resume_checkpoint(run)[1]["train_state"]["env_steps"]
                 except ValueError:
-                    pass
+                    kept = 0
+                executed += max(rows[-1]["env_steps"] if rows else 0, kept) - start
+                start = kept
                 killed += 1
                 cmd = resume
                 continue
@@ -86,7 +87,7 @@ def run_one(env, seed, target, run, kills, rng, extra):
         res = _last_json(out)
         if p.returncode != 0 or res is None:
             raise RuntimeError(f"run failed ({p.returncode}): {err.strip().splitlines()[-1:]}")
-        executed += res["env_steps"]
+        executed += res["env_steps"] - start
         res["kills"] = killed
         res["executed_env_steps"] = executed
         res["total_wall_s"] = round(time.perf_counter() - t0, 2)
