@@ -31,7 +31,7 @@ from ._core.pickling import pickle_payloads
 from ._core.replies import TABLE_REPORT, WorkerReplies
 from ._core.shm import create_segment
 from ._core.supervisor import CLOSE_GRACE_S, Supervisor
-from .errors import WorkerError
+from .errors import SpaceMismatchError, WorkerError
 from .options import (
     EngineOptions,
     available_cores,
@@ -97,7 +97,7 @@ class Engine(WorkerReplies, EngineBase):
         self._env_worker = np.repeat(np.arange(num_workers), [b - a for a, b in self.groups])
         self.restarts: list[dict] = []  # one record per worker replaced
         self._sup = Supervisor(self, ctx, [cloudpickle.dumps(list(env_fns[a:b])) for a, b in self.groups],
-                               self.groups, num_envs, _MODE_CODES[opts.autoreset_mode])
+                               self.groups, num_envs, _MODE_CODES[opts.autoreset_mode], opts.daemon)
         self._finalizer = self._sup.finalizer
         try:
             self._start()
@@ -117,6 +117,7 @@ class Engine(WorkerReplies, EngineBase):
         per_env = [entry for w in range(self.num_workers) for entry in replies[w]]
         obs_space, act_space, metadata, render_mode, spec = per_env[0]
         self._check_spaces(per_env, obs_space, act_space, 0)
+        self.env_observation_spaces = [entry[0] for entry in per_env]
         self.single_observation_space = obs_space
         self.single_action_space = act_space
         self.env_metadata = metadata
@@ -152,12 +153,18 @@ class Engine(WorkerReplies, EngineBase):
         return self._decode(self._sup.read_replies(workers, self.options.start_timeout, doing, self._fail), doing)
 
     def _check_spaces(self, per_env, obs_space, act_space, first: int) -> None:
+        layout = self.options.space_check == "layout"
         for i, (o, a, *_rest) in enumerate(per_env, start=first):
             for what, mine, want in (("observation", o, obs_space), ("action", a, act_space)):
+                lax = layout and what == "observation"
+                if lax and (mine_layout := _layout(mine)) is not None and mine_layout == _layout(want):
+                    continue
                 if mine != want:
-                    raise ValueError(
+                    rule = (f"share the leaves, shapes and dtypes of their {what} spaces" if lax
+                            else f"share their {what} spaces")
+                    raise SpaceMismatchError(
                         f"env {i} has {what} space {mine}, but env 0 has {want}: "
-                        "all envs of a vector env must share their spaces"
+                        f"all envs of a vector env must {rule}"
                     )
 
     def _replace(self, w: int, slot: int) -> dict[int, dict]:
@@ -315,6 +322,14 @@ class Engine(WorkerReplies, EngineBase):
         super()._drop_views()
         self._ctl = None
         self._table = None
+
+
+def _layout(space) -> list | None:
+    """What the shared memory needs of a space: its leaves' paths, shapes and dtypes."""
+    try:
+        return [(leaf.path, leaf.shape, leaf.dtype) for leaf in leaves_of(space)]
+    except (TypeError, ValueError):
+        return None
 
 
 def _spin_arg(spin_us: float | None) -> float:

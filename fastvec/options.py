@@ -90,6 +90,14 @@ class EngineOptions:
         shortly before, then spins briefly. A number overrides that for workers (resp.
         the parent): spin that many microseconds on shared memory, yielding the CPU,
         then sleep on the socket; 0 always sleeps.
+    daemon : bool, default True
+        Start the workers as daemonic processes (multiprocessing then forbids an env to
+        start processes of its own: pass False for such envs). Workers exit with the
+        parent either way (they watch it).
+    space_check : {"equal", "layout"}
+        How the envs' spaces must agree with env 0's: "equal" (SB3's rule), or "layout":
+        the same leaves, shapes and dtypes, bounds may differ (gymnasium's
+        ``observation_mode``; the shared memory only needs the layout).
     """
 
     num_slots: int = 2
@@ -100,6 +108,8 @@ class EngineOptions:
     restart_on_error: bool = False
     spin_us: float | None = None
     main_spin_us: float | None = None
+    daemon: bool = True
+    space_check: str = "equal"
 
     def __post_init__(self) -> None:
         self.num_slots = check_positive_int(self.num_slots, "num_slots")
@@ -112,6 +122,10 @@ class EngineOptions:
         if self.context is not None and self.context not in mp.get_all_start_methods():
             raise ValueError(f"context must be one of {mp.get_all_start_methods()}, got {self.context!r}")
         self.restart_on_error = bool(self.restart_on_error)
+        if not isinstance(self.daemon, bool):
+            raise ValueError(f"daemon must be True or False, got {self.daemon!r}")
+        if self.space_check not in ("equal", "layout"):
+            raise ValueError(f"space_check must be 'equal' or 'layout', got {self.space_check!r}")
 
     def replace(self, **changes) -> "EngineOptions":
         return dataclasses.replace(self, **changes)

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from ..errors import WorkerError
+from ..errors import WorkerError, load_cause_class, worker_error
 from . import channel
 from . import protocol as P
 
@@ -146,9 +146,10 @@ class WorkerReplies:
                 raise self._fail(w, f"{describe(w)} sent a malformed error report while {doing}")
             idx = info.get("env_index")
             where = f"env {idx}" if idx is not None else describe(w)
-            raise WorkerError(
+            raise worker_error(
                 f"{where} raised {info['exc_type']}: {info['message']} (during {info['during']}, "
                 f"in {describe(w)})",
+                cause_class=load_cause_class(info.get("exc_class")),
                 worker=w, env_indices=range(*self.groups[w]), env_index=idx,
                 exc_type=info["exc_type"], exc_message=info["message"],
                 worker_traceback=info["traceback"],

@@ -57,8 +57,10 @@ class Supervisor:
     envs worker ``w`` runs; ``fds`` (an int array the doorbells read in place) holds
     the parent's end of each worker's socket."""
 
-    def __init__(self, owner, ctx, env_blobs: list, groups: list, num_envs: int, mode: int):
+    def __init__(self, owner, ctx, env_blobs: list, groups: list, num_envs: int, mode: int,
+                 daemon: bool = True):
         self.ctx = ctx
+        self.daemon = daemon
         self.blobs = env_blobs
         self.groups = groups
         self.num_envs = num_envs
@@ -86,7 +88,9 @@ class Supervisor:
             target=worker_main,
             args=(w, child, self.blobs[w], start, self.num_envs, self.mode, os.getpid(), close_fds),
             name=f"fastvec-worker-{w}",
-            daemon=True,
+            # daemonic: multiprocessing ends it at exit, but it may not start processes
+            # of its own; either way it watches its parent and exits with it.
+            daemon=self.daemon,
         )
         try:
             proc.start()

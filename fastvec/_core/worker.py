@@ -15,6 +15,7 @@ import traceback
 
 import cloudpickle
 
+from ..errors import cause_class_blob
 from . import channel
 from . import protocol as P
 from .infos import InfoPicklingError, dump_records, table_kind
@@ -54,6 +55,7 @@ def _error_payload(exc: BaseException, env_index: int | None, during: str) -> by
             "message": str(exc),
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
             "during": during,
+            "exc_class": cause_class_blob(exc),
         }
     )
 

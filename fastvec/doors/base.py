@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .._core.infos import StepResult
 from ..engine import Engine
-from ..errors import ClosedError
+from ..errors import ClosedError, NoPendingCallError, PendingCallError
 from ..options import EngineOptions
 from .threads import TorchThreads
 
@@ -57,7 +57,7 @@ class EngineDoor:
     def _send_step(self, actions) -> None:
         self._check_open()
         if self.waiting:
-            raise RuntimeError("step_async() called twice without step_wait()")
+            raise PendingCallError("step_async() called twice without step_wait()", "step")
         slot = self._free_slot()
         self._engine.step_async(actions, slot)
         self._next_slot = slot
@@ -67,7 +67,7 @@ class EngineDoor:
         """Wait for the step in flight."""
         self._check_open()
         if not self.waiting:
-            raise RuntimeError("step_wait() called without step_async()")
+            raise NoPendingCallError("step_wait() called without step_async()", "step")
         self.waiting = False
         result = self._engine.step_wait(timeout)
         self._slot = self._next_slot
@@ -77,7 +77,7 @@ class EngineDoor:
         """``_send_step`` and ``_receive_step`` in one go, through the engine's fused step."""
         self._check_open()
         if self.waiting:
-            raise RuntimeError("step() called while a step_async() is waiting for step_wait()")
+            raise PendingCallError("step() called while a step_async() is waiting for step_wait()", "step")
         slot = self._free_slot()
         result = self._engine.step(actions, slot)
         self._slot = self._next_slot = slot

@@ -64,6 +64,46 @@ def _check_seed(seed, where: str):
     return int(seed)
 
 
+def _check_observation_mode(mode):
+    """gymnasium's ``observation_mode``: "same", "different" or (batched, single) spaces."""
+    from gymnasium.spaces import Space
+
+    if isinstance(mode, tuple):
+        if len(mode) != 2 or not all(isinstance(s, Space) for s in mode):
+            raise ValueError("observation_mode as a tuple must be (batched observation space, single "
+                             f"observation space), got {mode!r}")
+        return mode
+    if mode not in ("same", "different"):
+        raise ValueError("observation_mode must be 'same', 'different' or a tuple of the batched and "
+                         f"single observation spaces, got {mode!r}")
+    return None
+
+
+def _observation_spaces(mode, given, eng):
+    """(batched, single) observation spaces for ``observation_mode``."""
+    from .._core.layout import leaves_of
+
+    if given is not None:
+        batched, single = given
+        env0 = eng.single_observation_space
+        mine = [(leaf.path, leaf.shape, leaf.dtype) for leaf in leaves_of(single)]
+        theirs = [(leaf.path, leaf.shape, leaf.dtype) for leaf in leaves_of(env0)]
+        if mine != theirs:
+            raise ValueError(f"observation_mode's single space {single} does not have the layout of the "
+                             f"envs' observation space {env0} (leaves, shapes, dtypes)")
+        return batched, single
+    single = eng.single_observation_space
+    if mode == "different":
+        from gymnasium.vector.utils import batch_differing_spaces
+
+        per_env = getattr(eng, "env_observation_spaces", None)
+        if per_env is None:
+            raise ValueError(f"observation_mode='different' is not available on {type(eng).__name__}; "
+                             "pass the spaces as a tuple")
+        return batch_differing_spaces(per_env), single
+    return batch_space(single, eng.num_envs), single
+
+
 class AsyncVectorEnv(EngineDoor, VectorEnv):
     """Shared-memory multiprocess ``gymnasium.vector.VectorEnv``.
 
@@ -101,17 +141,46 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         ``"auto"`` lowers its intra-op threads to ``max(1, cores - num_workers)`` unless
         ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` is set; an int sets that many; None
         leaves torch alone. ``close()`` restores the count (``fastvec.doors.threads``).
+
+    gymnasium's own keywords are accepted too, so ``gymnasium.vector.AsyncVectorEnv(env_fns,
+    shared_memory=True, ...)`` works with this class swapped in:
+
+    shared_memory : bool, default True
+        Observations always travel through shared memory here; False is accepted and
+        takes the same path (there is no faster one to fall back to).
+    daemon : bool, default True
+        As gymnasium's: False for envs that start processes of their own. Workers exit
+        with this process either way.
+    worker : None
+        A custom worker function cannot run fastvec's shared-memory protocol: anything
+        but None raises ``ValueError``.
+    observation_mode : "same", "different" or (batched space, single space)
+        As gymnasium's. "same": every env has env 0's observation space; "different":
+        the spaces may differ in their bounds (leaves, shapes and dtypes must agree: the
+        shared memory is laid out once), batched with ``batch_differing_spaces``; a
+        tuple: the spaces given (their layout must match the envs'). Spaces that do not
+        agree raise ``fastvec.errors.SpaceMismatchError`` (a ValueError and, as
+        gymnasium's, a RuntimeError).
+    max_concurrency : int or None
+        gymnasium 1.4's limit on how many envs it steps at once. Here the number of
+        processes is ``num_workers``; an int caps it (``num_workers`` defaults to
+        ``min(num_envs, cores, max_concurrency)``).
     """
 
     def __init__(
         self,
         env_fns: Sequence[Callable],
+        shared_memory: bool = True,
+        copy: bool = True,
+        context: str | None = None,
+        daemon: bool = True,
+        worker: Callable | None = None,
+        observation_mode: str | tuple = "same",
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        max_concurrency: int | None = None,
         *,
         num_workers: int | None = None,
-        copy: bool = True,
-        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         step_timeout: float | None = None,
-        context: str | None = None,
         num_slots: int = 2,
         restart_on_error: bool = False,
         spin_us: float | None = None,
@@ -119,7 +188,28 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         torch_threads: int | str | None = "auto",
     ):
         self.closed = True
-        torch = TorchThreads(torch_threads)  # checked before any process starts
+        # gymnasium's keywords, checked before any process starts
+        if not isinstance(shared_memory, bool):
+            raise ValueError(f"shared_memory must be True or False, got {shared_memory!r}")
+        if worker is not None:
+            raise ValueError(
+                "fastvec.AsyncVectorEnv cannot run a custom `worker` function: its workers speak "
+                "fastvec's shared-memory protocol; pass worker=None (wrap the env instead)")
+        obs_spaces = _check_observation_mode(observation_mode)
+        if max_concurrency is not None:
+            if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, (int, np.integer)) \
+                    or max_concurrency < 1:
+                raise ValueError(f"max_concurrency must be a positive int or None, got {max_concurrency!r}")
+            if num_workers is None:
+                from ..options import available_cores
+
+                num_workers = max(1, min(len(env_fns), available_cores(), int(max_concurrency)))
+            elif num_workers > max_concurrency:
+                raise ValueError(f"num_workers={num_workers} exceeds max_concurrency={max_concurrency}")
+        self.shared_memory = shared_memory
+        self.daemon = daemon
+        self.observation_mode = observation_mode
+        torch = TorchThreads(torch_threads)
         try:
             mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         except ValueError:
@@ -129,7 +219,8 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         self.autoreset_mode = mode
         options = EngineOptions(num_slots=num_slots, autoreset_mode=_MODES[mode], context=context,
                                 step_timeout=step_timeout, restart_on_error=restart_on_error,
-                                spin_us=spin_us, main_spin_us=main_spin_us)
+                                spin_us=spin_us, main_spin_us=main_spin_us, daemon=daemon,
+                                space_check="equal" if observation_mode == "same" else "layout")
         engine = self._make_engine(env_fns, options, num_workers)
         self._open_door(engine, copy, torch)
         self._cols_for = self._cols = None  # the compiled builder's column spec, per schema
@@ -140,10 +231,14 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         self.metadata["autoreset_mode"] = mode
         self.render_mode = eng.render_mode
         self.spec = None
-        self.single_observation_space = eng.single_observation_space
         self.single_action_space = eng.single_action_space
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
+        try:
+            self.observation_space, self.single_observation_space = _observation_spaces(
+                observation_mode, obs_spaces, eng)
+        except BaseException:
+            self._close_door()
+            raise
         self.closed = False
 
     # -------------------------------------------------------------- properties

@@ -27,7 +27,7 @@ from .._core.layout import Ring, SegmentPlan
 from .._core.pickling import dumps
 from .._core.shm import attach_segment
 from ..engine import Engine
-from ..errors import WorkerError
+from ..errors import WorkerError, cause_class_blob
 from ..options import EngineOptions
 
 __all__ = ["FastvecActor", "actor_class", "report", "forget_segment", "janitor"]
@@ -44,6 +44,7 @@ def report(exc: BaseException, fatal: bool | None = None) -> dict:
             "exc_type": exc.exc_type,
             "exc_message": exc.exc_message,
             "worker_traceback": exc.worker_traceback,
+            "exc_class": cause_class_blob_of(exc),
             # an env that raised leaves the engine usable; a dead or silent worker does not
             "fatal": (exc.exc_type is None) if fatal is None else fatal,
         }
@@ -55,8 +56,19 @@ def report(exc: BaseException, fatal: bool | None = None) -> dict:
         "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}".replace("builtins.", ""),
         "exc_message": str(exc),
         "worker_traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "exc_class": cause_class_blob(exc),
         "fatal": True if fatal is None else fatal,
     }
+
+
+def cause_class_blob_of(exc: WorkerError):
+    """The env's exception class behind a local engine's WorkerError, pickled."""
+    if exc.cause_class is None:
+        return None
+    try:
+        return pickle.dumps(exc.cause_class)
+    except Exception:
+        return None
 
 
 class FastvecActor:

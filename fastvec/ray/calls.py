@@ -5,7 +5,7 @@ import time
 
 import ray
 
-from ..errors import WorkerError
+from ..errors import WorkerError, load_cause_class, worker_error
 
 __all__ = ["ActorCalls"]
 
@@ -36,10 +36,11 @@ class ActorCalls:
         else:
             head = f"{self._actor_desc(k)} failed while {doing}"
         message = f"{head}; the actor's engine reported (env indices inside the actor count from 0): {rep['message']}"
-        return WorkerError(message, worker=k, env_indices=range(a, b),
-                           env_index=None if env_index is None else a + env_index,
-                           exc_type=rep["exc_type"], exc_message=rep["exc_message"],
-                           worker_traceback=rep["worker_traceback"])
+        return worker_error(message, cause_class=load_cause_class(rep.get("exc_class")) if env_index is not None
+                            else None, worker=k, env_indices=range(a, b),
+                            env_index=None if env_index is None else a + env_index,
+                            exc_type=rep["exc_type"], exc_message=rep["exc_message"],
+                            worker_traceback=rep["worker_traceback"])
 
     def _death(self, k: int, exc: BaseException, doing: str) -> WorkerError:
         self._state.setdefault("lost", set()).add(k)  # not worth asking to close

@@ -174,6 +174,7 @@ class _StopOnSignal:
 
 def _train(argv) -> int:
     args = _train_parser().parse_args(argv)
+    from ..errors import WorkerError
     from .config import ConfigError
     from .presets import check_env_id
 
@@ -227,6 +228,8 @@ def _train(argv) -> int:
                                   tensorboard=not args.no_tensorboard, init_from=init, backend=args.backend,
                                   ray_address=args.ray_address, ray_actors=args.actors, resume=resume,
                                   stop=stop)
+    except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
+        return _fail("train", exc, 1)
     except (ConfigError,) as exc:
         return _fail("train", exc, 2)
     except KeyboardInterrupt:
@@ -392,6 +395,7 @@ def _eval(argv) -> int:
     args = _eval_parser().parse_args(argv)
     if args.episodes < 1:
         return _fail("eval", ValueError(f"--episodes must be positive, got {args.episodes}"), 2)
+    from ..errors import WorkerError
     from .checkpoints import load_checkpoint
     from .evaluate import evaluate
 
@@ -402,6 +406,8 @@ def _eval(argv) -> int:
     try:
         result = evaluate(ckpt, episodes=args.episodes, seed=args.seed,
                           deterministic=not args.stochastic, env_id=args.env, num_envs=args.num_envs)
+    except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
+        return _fail("eval", exc, 1)
     except ValueError as exc:
         return _fail("eval", exc, 2)
     except Exception as exc:
