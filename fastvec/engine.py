@@ -161,7 +161,9 @@ class Engine(WorkerReplies, EngineBase):
                     continue
                 if mine != want:
                     rule = (f"share the leaves, shapes and dtypes of their {what} spaces" if lax
-                            else f"share their {what} spaces")
+                            else f"share their {what} spaces (the sub-environments observation spaces are "
+                                 "not equivalent. If this is intentional, use `observation_mode='different'` "
+                                 "instead.)" if what == "observation" else f"share their {what} spaces")
                     raise SpaceMismatchError(
                         f"env {i} has {what} space {mine}, but env 0 has {want}: "
                         f"all envs of a vector env must {rule}"
@@ -271,16 +273,19 @@ class Engine(WorkerReplies, EngineBase):
         return self._table.general(slot, mask_full)
 
     # ------------------------------------------------------------------ commands
-    def reset(self, slot: int, kwargs_per_env: dict[int, dict]) -> dict[int, dict]:
-        """Reset the envs named in ``kwargs_per_env`` ({env: reset kwargs}), writing
-        their observations into ``slot``. Returns {env: reset info}."""
+    def reset_async(self, slot: int, kwargs_per_env: dict[int, dict]) -> None:
+        """Send the resets of ``reset`` (``reset_wait`` collects them)."""
         self._check_usable()
         targets: dict[int, list] = {}
         for i, kwargs in kwargs_per_env.items():
             w = int(self._env_worker[i])
             targets.setdefault(w, []).append((i - self.groups[w][0], kwargs))
         self._send_commands(P.CMD_RESET, slot, targets)
-        replies = self._gather(targets, self.step_timeout, "resetting")
+        self._pending_cmd = ("reset", slot, sorted(targets))
+
+    def reset_wait(self, timeout: float | None = ...) -> dict[int, dict]:
+        _, slot, workers = self._take_pending("reset")
+        replies = self._gather(workers, self.step_timeout if timeout is ... else timeout, "resetting")
         infos = {}
         for w, recs in replies.items():
             start = self.groups[w][0]
@@ -289,10 +294,8 @@ class Engine(WorkerReplies, EngineBase):
         self._last_slot = slot
         return infos
 
-    def call(self, kind: str, name, args=(), kwargs=None, indices=None, values=None) -> list:
-        """Run ``kind`` (see ``fastvec._core.worker._do_call``: call, env_method,
-        get_attr, has_attr, set_attr, set_wrapper_attr, is_wrapped, render) on the envs
-        at ``indices``, in order."""
+    def call_async(self, kind: str, name, args=(), kwargs=None, indices=None, values=None) -> None:
+        """Send the calls of ``call`` (``call_wait`` collects them)."""
         self._check_usable()
         indices = self.normalize_indices(indices)
         targets: dict[int, list] = {}
@@ -303,9 +306,31 @@ class Engine(WorkerReplies, EngineBase):
             w: (kind, name, tuple(args), dict(kwargs or {}), t) for w, t in targets.items()
         }
         self._send_commands(P.CMD_CALL, 0, per_worker)
-        replies = self._gather(targets, self.step_timeout, f"{kind}({name!r})")
+        self._pending_cmd = ("call", indices, sorted(targets), f"{kind}({name!r})")
+
+    def call_wait(self, timeout: float | None = ...) -> list:
+        _, indices, workers, doing = self._take_pending("call")
+        replies = self._gather(workers, self.step_timeout if timeout is ... else timeout, doing)
         cursor = {w: iter(r) for w, r in replies.items()}
         return [next(cursor[int(self._env_worker[i])]) for i in indices]
+
+    def poll(self, timeout: float) -> bool:
+        """Whether the step, reset or call in flight has every reply in (or a failure to
+        report) within ``timeout`` seconds; reads nothing, so the ``*_wait`` that follows
+        gets it all. False: still running (call again, or wait)."""
+        if self._pending_cmd is not None:
+            workers = np.asarray(self._pending_cmd[2], dtype=np.intc)
+        elif self._pending_slot is not None:
+            workers = self._all_workers
+        else:
+            raise RuntimeError("poll() called with nothing in flight")
+        status, _w = self._ctl.wait(workers, max(0.0, float(timeout)))
+        return status != 1
+
+    def _drain_command(self) -> None:
+        _, _slot, workers, *_ = self._pending_cmd
+        self._pending_cmd = None
+        self._gather(workers, CLOSE_GRACE_S, "closing")
 
     def _send_commands(self, cmd: int, slot: int, targets: dict) -> None:
         for w, blob in pickle_payloads(targets, "arguments for the workers").items():

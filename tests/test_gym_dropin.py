@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -246,3 +247,90 @@ def test_daemon_false_lets_envs_start_processes():
         fastvec.AsyncVectorEnv([SpawnsAProcess] * 2, daemon=True)
     with fastvec.AsyncVectorEnv([SpawnsAProcess] * 2, daemon=False) as v:
         assert v.reset(seed=0)[0].shape == (2, 4)
+
+
+class Slow(gym.Wrapper):
+    """CartPole whose reset, step and ``nap`` sleep ``delay`` seconds."""
+
+    def __init__(self, delay=0.3):
+        super().__init__(gym.make("CartPole-v1"))
+        self.delay = delay
+
+    def reset(self, **kw):
+        time.sleep(self.delay)
+        return self.env.reset(**kw)
+
+    def step(self, action):
+        time.sleep(self.delay)
+        return self.env.step(action)
+
+    def nap(self, x):
+        time.sleep(self.delay)
+        return x * 2
+
+
+def test_async_pairs_match_the_synchronous_calls():
+    ref = SyncVectorEnv(cartpoles(3))
+    v = fastvec.AsyncVectorEnv(cartpoles(3))
+    try:
+        v.reset_async(seed=[1, 2, 3])
+        obs, infos = v.reset_wait()
+        want, want_infos = ref.reset(seed=[1, 2, 3])
+        np.testing.assert_array_equal(obs, want)
+        assert infos == want_infos
+        v.call_async("get_wrapper_attr", "spec")
+        assert [s.id for s in v.call_wait()] == ["CartPole-v1"] * 3
+        v.step_async(np.array([0, 1, 0]))
+        for x, y in zip(v.step_wait(timeout=10.0)[:4], ref.step(np.array([0, 1, 0]))[:4]):
+            np.testing.assert_array_equal(x, y)
+        with pytest.raises(NoAsyncCallError):
+            v.reset_wait()
+        with pytest.raises(NoAsyncCallError):
+            v.call_wait()
+        v.reset_async(seed=0)
+        for call in (lambda: v.step(np.zeros(3, dtype=np.int64)), lambda: v.reset(), lambda: v.call_async("nap"),
+                     lambda: v.get_attr("spec"), lambda: v.set_attr("x", 1)):
+            with pytest.raises(AlreadyPendingCallError):
+                call()
+        with pytest.raises(NoAsyncCallError):
+            v.call_wait()  # a reset is in flight, not a call
+        np.testing.assert_array_equal(v.reset_wait()[0], ref.reset(seed=0)[0])
+    finally:
+        v.close()
+        ref.close()
+
+
+@pytest.mark.parametrize("what", ["step", "reset", "call"])
+def test_timeout_raises_multiprocessing_timeout_and_loses_nothing(what):
+    """gymnasium's ``timeout=`` raises ``multiprocessing.TimeoutError``; here the call
+    stays in flight and a second wait returns its results, equal to SyncVectorEnv's."""
+    ref = SyncVectorEnv([lambda: Slow(0.0)] * 2)
+    v = fastvec.AsyncVectorEnv([lambda: Slow(0.4)] * 2)
+    try:
+        if what != "reset":
+            v.reset(seed=7)
+            ref.reset(seed=7)
+        send, wait = {
+            "step": (lambda: v.step_async(np.array([1, 0])), v.step_wait),
+            "reset": (lambda: v.reset_async(seed=7), v.reset_wait),
+            "call": (lambda: v.call_async("nap", 21), v.call_wait),
+        }[what]
+        send()
+        t0 = time.monotonic()
+        with pytest.raises(multiprocessing.TimeoutError, match="timed out after 0.05"):
+            wait(timeout=0.05)
+        assert time.monotonic() - t0 < 0.35
+        got = wait(timeout=5.0)
+        if what == "step":
+            for x, y in zip(got[:4], ref.step(np.array([1, 0]))[:4]):
+                np.testing.assert_array_equal(x, y)
+        elif what == "reset":
+            np.testing.assert_array_equal(got[0], ref.reset(seed=7)[0])
+        else:
+            assert got == (42, 42)
+        with pytest.raises(ValueError, match="timeout"):
+            v.reset_async(seed=0)
+            v.reset_wait(timeout=-1)
+    finally:
+        v.close()  # also with the reset above in flight
+        ref.close()

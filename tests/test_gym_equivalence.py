@@ -468,10 +468,12 @@ def test_step_async_step_wait_and_reset_while_waiting():
         compare_step(env.step_wait(), ref.step(a), "step_async/step_wait")
         with pytest.raises(RuntimeError):
             env.step_wait()
-        # a reset while a step is in flight finishes that step first
+        # a reset while a step is in flight is refused, as gymnasium does; the step is kept
         env.step_async(a)
-        ref.step(a)
-        assert_same(env.reset(seed=4), ref.reset(seed=4), "reset with a step in flight")
+        with pytest.raises(gym.error.AlreadyPendingCallError):
+            env.reset(seed=4)
+        compare_step(env.step_wait(), ref.step(a), "the step kept in flight")
+        assert_same(env.reset(seed=4), ref.reset(seed=4), "reset after")
         compare_step(env.step(a), ref.step(a), "step after")
     finally:
         env.close()

@@ -265,6 +265,9 @@ def test_periodic_checkpoints_keep_the_last_k_and_skip_broken_files(tmp_path, ca
 
 # ============================================================================ signals, kill -9
 def _child_env():
+    """The children's environment. Every child runs with a cwd outside the source tree,
+    so ``-m fastvec`` imports the installed package (CI installs it; the checkout has no
+    built extensions)."""
     env = dict(os.environ)
     env.pop("FASTVEC_DEBUG", None)
     return env
@@ -342,7 +345,7 @@ def test_signal_stops_at_a_safe_point_with_a_checkpoint(tmp_path, sig, code):
     # ... and the run continues from there
     out2 = subprocess.run([sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress",
                            "--total-steps", str(res["env_steps"] + 1000)], capture_output=True, text=True,
-                          timeout=120, env=_child_env())
+                          timeout=120, env=_child_env(), cwd=str(tmp_path))
     assert out2.returncode == 0, out2.stderr
     res2 = json.loads(out2.stdout.strip().splitlines()[-1])
     assert res2["resumed"] and not res2["interrupted"] and res2["env_steps"] >= res["env_steps"] + 1000
@@ -376,7 +379,7 @@ def test_kill_9_then_resume_counts_every_step_once(tmp_path):
     p.communicate()
     _assert_nothing_left(*held)
     out = subprocess.run([sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress"],
-                         capture_output=True, text=True, timeout=300, env=_child_env())
+                         capture_output=True, text=True, timeout=300, env=_child_env(), cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     rollout = 8 * 32  # the CartPole preset: 8 envs x n_steps 32
@@ -427,7 +430,7 @@ def test_kill_9_during_a_checkpoint_write_leaves_the_previous_one(tmp_path):
     assert path.endswith("step-000000001024.pt") and ck["train_state"]["env_steps"] == 1024
     assert not [f for f in os.listdir(run / "checkpoints") if f.startswith(".tmp-")]
     out = subprocess.run([sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress"],
-                         capture_output=True, text=True, timeout=300, env=_child_env())
+                         capture_output=True, text=True, timeout=300, env=_child_env(), cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1])["env_steps"] >= 20_000
 
@@ -457,7 +460,7 @@ def test_kill_9_at_random_moments_still_solves(tmp_path):
         p.communicate()
         first = False
     out = subprocess.run([sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress"],
-                         capture_output=True, text=True, timeout=600, env=_child_env())
+                         capture_output=True, text=True, timeout=600, env=_child_env(), cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["solved"] and res["final_mean_return"] >= 475, res

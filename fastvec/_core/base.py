@@ -51,6 +51,7 @@ class EngineBase:
     _closed: bool = True
     _broken: str | None = None
     _pending_slot: int | None = None
+    _pending_cmd: tuple | None = None  # a reset or call sent, not yet waited for
     _last_slot: int = 0
     _log_prefix = "fastvec"
 
@@ -91,6 +92,29 @@ class EngineBase:
             raise WorkerError(f"the vector env is unusable after an earlier failure: {self._broken}; close it")
         if self._pending_slot is not None:
             raise RuntimeError("a step is in flight: call step_wait() before anything else")
+        if self._pending_cmd is not None:
+            raise RuntimeError(f"a {self._pending_cmd[0]} is in flight: call {self._pending_cmd[0]}_wait() "
+                               "before anything else")
+
+    # ------------------------------------------------------------------ resets and calls
+    def reset(self, slot: int, kwargs_per_env: dict[int, dict]) -> dict[int, dict]:
+        """Reset the envs named in ``kwargs_per_env`` ({env: reset kwargs}), writing
+        their observations into ``slot``. Returns {env: reset info}."""
+        self.reset_async(slot, kwargs_per_env)
+        return self.reset_wait()
+
+    def call(self, kind: str, name, args=(), kwargs=None, indices=None, values=None) -> list:
+        """Run ``kind`` (see ``fastvec._core.worker._do_call``: call, env_method,
+        get_attr, has_attr, set_attr, set_wrapper_attr, is_wrapped, render) on the envs
+        at ``indices``, in order."""
+        self.call_async(kind, name, args, kwargs, indices, values)
+        return self.call_wait()
+
+    def _take_pending(self, what: str) -> tuple:
+        if self._pending_cmd is None or self._pending_cmd[0] != what:
+            raise RuntimeError(f"{what}_wait() called without {what}_async()")
+        pending, self._pending_cmd = self._pending_cmd, None
+        return pending
 
     def _check_step_slot(self, slot: int) -> None:
         self._check_usable()
@@ -217,7 +241,12 @@ class EngineBase:
                     self._drain()
             except Exception:
                 pass
-        self._pending_slot = None
+        if self._pending_cmd is not None and self._broken is None:
+            try:  # the same for a reset or call in flight
+                self._drain_command()
+            except Exception:
+                pass
+        self._pending_slot = self._pending_cmd = None
         self._drop_views()
         self._finalizer()
 

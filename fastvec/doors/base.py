@@ -57,7 +57,8 @@ class EngineDoor:
     def _send_step(self, actions) -> None:
         self._check_open()
         if self.waiting:
-            raise PendingCallError("step_async() called twice without step_wait()", "step")
+            raise PendingCallError("Calling `step_async` while waiting for a pending call to `step` to "
+                                   "complete (step_async() twice without step_wait()).", "step")
         slot = self._free_slot()
         self._engine.step_async(actions, slot)
         self._next_slot = slot
@@ -67,7 +68,7 @@ class EngineDoor:
         """Wait for the step in flight."""
         self._check_open()
         if not self.waiting:
-            raise NoPendingCallError("step_wait() called without step_async()", "step")
+            raise NoPendingCallError("Calling `step_wait` without any prior call to `step_async`.", "step")
         self.waiting = False
         result = self._engine.step_wait(timeout)
         self._slot = self._next_slot
@@ -77,7 +78,8 @@ class EngineDoor:
         """``_send_step`` and ``_receive_step`` in one go, through the engine's fused step."""
         self._check_open()
         if self.waiting:
-            raise PendingCallError("step() called while a step_async() is waiting for step_wait()", "step")
+            raise PendingCallError("Calling `step` while waiting for a pending call to `step` to complete "
+                                   "(a step_async() waits for step_wait()).", "step")
         slot = self._free_slot()
         result = self._engine.step(actions, slot)
         self._slot = self._next_slot = slot

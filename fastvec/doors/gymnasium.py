@@ -8,6 +8,8 @@ into gymnasium's infos: from the shared info table in one compiled pass
 """
 from __future__ import annotations
 
+import multiprocessing
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +18,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from .._core.infos import StepResult, with_quiet_ends
+from ..errors import NoPendingCallError, PendingCallError
 from ..options import EngineOptions
 from . import _gym_infos
 from .base import EngineDoor
@@ -74,8 +77,8 @@ def _check_observation_mode(mode):
                              f"observation space), got {mode!r}")
         return mode
     if mode not in ("same", "different"):
-        raise ValueError("observation_mode must be 'same', 'different' or a tuple of the batched and "
-                         f"single observation spaces, got {mode!r}")
+        raise ValueError("Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and "
+                         f"batch observation space, actual got {mode}")
     return None
 
 
@@ -252,7 +255,12 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
 
     # -------------------------------------------------------------- reset / step
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
-        self._idle()
+        self.reset_async(seed=seed, options=options)
+        return self.reset_wait()
+
+    def reset_async(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
+        """Send the resets (arguments as ``reset``); ``reset_wait`` returns their results."""
+        self._idle("reset_async")
         n = self.num_envs
         if seed is None:
             seeds = [None] * n
@@ -291,7 +299,15 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
             keep = ~mask
             for buf in self._engine.obs_bufs:
                 buf[slot, keep] = buf[self._slot, keep]
-        env_infos = self._engine.reset(slot, {i: {"seed": seeds[i], "options": options} for i in targets})
+        self._engine.reset_async(slot, {i: {"seed": seeds[i], "options": options} for i in targets})
+        self._pending = ("reset", slot, targets)
+
+    def reset_wait(self, timeout: float | None = None):
+        """The observations and infos of the resets ``reset_async`` sent. With
+        ``timeout`` (seconds): ``multiprocessing.TimeoutError`` if they are not all done
+        by then; the resets stay in flight (call ``reset_wait`` again)."""
+        _, slot, targets = self._take("reset", timeout)
+        env_infos = self._engine.reset_wait()
         self._slot = slot
         infos: dict[str, Any] = {}
         for i in targets:
@@ -299,13 +315,58 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         return self._observation(slot), infos
 
     def step_async(self, actions) -> None:
+        self._no_pending("step_async")
         self._send_step(actions)
 
     def step_wait(self, timeout: float | None = ...):
+        """The results of the step ``step_async`` sent. With ``timeout`` (seconds, as
+        gymnasium's): ``multiprocessing.TimeoutError`` if it is not done by then; the
+        step stays in flight (call ``step_wait`` again)."""
+        if timeout is not ... and timeout is not None and self.waiting:
+            self._check_open()
+            self._poll_or_raise("step_wait", timeout)
+            timeout = ...
+        elif timeout is None:
+            timeout = ...  # gymnasium's None: no timeout of its own (step_timeout still applies)
         return self._step_result(self._receive_step(timeout))
 
     def step(self, actions):
+        self._no_pending("step")
         return self._step_result(self._step(actions))
+
+    # -------------------------------------------------------------- calls in flight
+    _pending: tuple | None = None  # ("reset", slot, targets) or ("call",) sent, not waited for
+
+    def _no_pending(self, what: str) -> None:
+        if self._pending is not None:
+            raise PendingCallError(f"Calling `{what}` while waiting for a pending call to "
+                                   f"`{self._pending[0]}` to complete.", self._pending[0])
+
+    def _idle(self, what: str = "this") -> None:
+        """Before a command: open, and (as gymnasium) no call in flight."""
+        self._check_open()
+        self._no_pending(what)
+        if self.waiting:
+            raise PendingCallError(f"Calling `{what}` while waiting for a pending call to `step` to "
+                                   "complete.", "step")
+        self._torch.apply()  # torch may have been imported since the door opened
+
+    def _take(self, what: str, timeout) -> tuple:
+        self._check_open()
+        if self._pending is None or self._pending[0] != what:
+            raise NoPendingCallError(f"Calling `{what}_wait` without any prior call to `{what}_async`.", what)
+        if timeout is not None:
+            self._poll_or_raise(f"{what}_wait", timeout)
+        pending, self._pending = self._pending, None
+        return pending
+
+    def _poll_or_raise(self, what: str, timeout) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+            raise ValueError(f"timeout must be a non-negative number of seconds or None, got {timeout!r}")
+        if not self._engine.poll(float(timeout)):
+            raise multiprocessing.TimeoutError(
+                f"The call to `{what}` has timed out after {timeout} second(s) (still in flight: "
+                f"call `{what}` again to get its results).")
 
     def _step_result(self, result: StepResult):
         eng = self._engine
@@ -360,14 +421,25 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
 
     # -------------------------------------------------------------- env access
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        self._idle()
-        return tuple(self._engine.call("call", name, args, kwargs))
+        self.call_async(name, *args, **kwargs)
+        return self.call_wait()
+
+    def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """Send ``call(name, *args, **kwargs)`` to every env; ``call_wait`` returns the results."""
+        self._idle("call_async")
+        self._engine.call_async("call", name, args, kwargs)
+        self._pending = ("call",)
+
+    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """The results of ``call_async``, env by env; ``timeout`` as ``reset_wait``'s."""
+        self._take("call", timeout)
+        return tuple(self._engine.call_wait())
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         return self.call(name)
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
-        self._idle()
+        self._idle("set_attr")
         if not isinstance(values, (list, tuple)):
             values = [values for _ in range(self.num_envs)]
         if len(values) != self.num_envs:
@@ -378,10 +450,15 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         self._engine.call("set_wrapper_attr", name, values=list(values))
 
     def render(self) -> tuple | None:
-        self._idle()
+        self._idle("render")
         return tuple(self._engine.call("render", None))
 
     def close_extras(self, **kwargs: Any) -> None:
+        pending = self._pending[0] if self._pending is not None else ("step" if self.waiting else None)
+        if pending is not None:  # as gymnasium; the engine lets it finish, then closes
+            warnings.warn(f"Calling `close` while waiting for a pending call to `{pending}` to complete.",
+                          UserWarning, stacklevel=3)
+        self._pending = None
         self._close_door()
 
     def __del__(self):

@@ -222,22 +222,31 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
         self._open_fast_path(k)
         return self._reset_actors(slot, {k: {j: {} for j in range(b - a)}}, "resetting restarted envs")
 
-    def reset(self, slot: int, kwargs_per_env: dict[int, dict]) -> dict[int, dict]:
-        """Reset the envs named in ``kwargs_per_env``, writing their observations into
-        ``slot``. Returns {env: reset info}."""
+    def reset_async(self, slot: int, kwargs_per_env: dict[int, dict]) -> None:
+        """Send the resets of ``reset`` (``reset_wait`` collects them)."""
         self._check_usable()
         targets: dict[int, dict] = {}
         for i, kwargs in kwargs_per_env.items():
             k = int(self._env_actor[i])
             targets.setdefault(k, {})[i - self.groups[k][0]] = kwargs
-        infos = self._reset_actors(slot, targets, "resetting")
+        self._pending_cmd = ("reset", slot, sorted(targets), self._send_resets(targets))
+
+    def reset_wait(self, timeout: float | None = ...) -> dict[int, dict]:
+        _, slot, _actors, refs = self._take_pending("reset")
+        infos = self._collect_resets(slot, refs, "resetting", timeout)
         self._last_slot = slot
         return infos
 
     def _reset_actors(self, slot: int, targets: dict, doing: str) -> dict:
+        return self._collect_resets(slot, self._send_resets(targets), doing)
+
+    def _send_resets(self, targets: dict) -> dict:
         blobs = pickle_payloads(targets, "reset arguments for the actors")
-        refs = {k: self._actors[k].reset.remote(blob) for k, blob in blobs.items()}
-        replies = self._gather(refs, self._outer_timeout(self.step_timeout), doing, raise_first=True)
+        return {k: self._actors[k].reset.remote(blob) for k, blob in blobs.items()}
+
+    def _collect_resets(self, slot: int, refs: dict, doing: str, timeout=...) -> dict:
+        timeout = self.step_timeout if timeout is ... else timeout
+        replies = self._gather(refs, self._outer_timeout(timeout), doing, raise_first=True)
         infos = {}
         for k in sorted(replies):
             _, recs, idx, obs = replies[k]
@@ -249,8 +258,8 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
                 infos[a + j] = info
         return infos
 
-    def call(self, kind: str, name, args=(), kwargs=None, indices=None, values=None) -> list:
-        """Run ``kind`` (see ``Engine.call``) on the envs at ``indices``, in order."""
+    def call_async(self, kind: str, name, args=(), kwargs=None, indices=None, values=None) -> None:
+        """Send the calls of ``call`` (``call_wait`` collects them)."""
         self._check_usable()
         indices = self.normalize_indices(indices)
         targets: dict[int, tuple[list, list]] = {}
@@ -264,10 +273,29 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
              for k, (idx, vals) in targets.items()},
             "arguments for the actors")
         refs = {k: self._actors[k].call.remote(blob) for k, blob in blobs.items()}
-        replies = self._gather(refs, self._outer_timeout(self.step_timeout), f"{kind}({name!r})",
-                               raise_first=True)
+        self._pending_cmd = ("call", indices, sorted(targets), refs, f"{kind}({name!r})")
+
+    def call_wait(self, timeout: float | None = ...) -> list:
+        _, indices, _actors, refs, doing = self._take_pending("call")
+        timeout = self.step_timeout if timeout is ... else timeout
+        replies = self._gather(refs, self._outer_timeout(timeout), doing, raise_first=True)
         cursor = {k: iter(pickle.loads(blob)) for k, blob in replies.items()}
         return [next(cursor[int(self._env_actor[i])]) for i in indices]
+
+    def poll(self, timeout: float) -> bool:
+        """As ``Engine.poll``, for a reset or call in flight (a step's replies come
+        through two transports here: not polled, a ValueError)."""
+        if self._pending_cmd is None:
+            if self._pending_slot is not None:
+                raise ValueError("RayEngine cannot poll a step in flight; wait for it")
+            raise RuntimeError("poll() called with nothing in flight")
+        refs = list(self._pending_cmd[3].values())
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, float(timeout)))
+        return len(ready) == len(refs)
+
+    def _drain_command(self) -> None:
+        pending, self._pending_cmd = self._pending_cmd, None
+        self._gather(pending[3], CLOSE_GRACE_S, "closing")
 
     def _drain(self) -> None:
         slot, self._pending_slot = self._pending_slot, None
