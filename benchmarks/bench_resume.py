@@ -10,6 +10,11 @@ logged row or checkpoint), and the wall times.
 
     python benchmarks/bench_resume.py [--env CartPole-v1] [--seeds 0 1 2] [--kills 2]
                                       [--out benchmarks/results/resume]
+
+``--flaky``: instead, a flaky CartPole-v1 (its ``step`` raises in 1 of 20,000 calls)
+trained for 200k env steps with ``fastvec train``'s CartPole preset, per seed: the run
+must complete, report its restarts and reach a mean return of 475 as healthy runs do
+(``flaky.md``).
 """
 from __future__ import annotations
 
@@ -94,6 +99,61 @@ def run_one(env, seed, target, run, kills, rng, extra):
         return res
 
 
+class _FlakyCartPole:
+    """CartPole-v1 whose ``step`` raises with probability ``p`` (its own RNG)."""
+
+    def __new__(cls, p=1 / 20_000):
+        import gymnasium as gym
+        import numpy as np
+
+        class Flaky(gym.Wrapper):
+            def __init__(self):
+                super().__init__(gym.make("CartPole-v1"))
+                self.rng = np.random.default_rng([os.getpid(), id(self)])
+
+            def step(self, action):
+                if self.rng.random() < p:
+                    raise RuntimeError("flaky env: injected step failure")
+                return self.env.step(action)
+
+        return Flaky()
+
+
+def flaky(seeds, steps, out) -> None:
+    import warnings
+
+    import gymnasium as gym
+
+    from fastvec.train import PPOConfig, apply_overrides
+    from fastvec.train.cli import run_training
+    from fastvec.train.presets import preset_for
+
+    gym.register("FlakyCartPole-v0", entry_point=_FlakyCartPole)
+    lines = ["# A flaky env trained through its failures (CartPole-v1, `step` raises in 1 of 20,000)", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d')}. Command: "
+             f"`python benchmarks/bench_resume.py --flaky --seeds {' '.join(map(str, seeds))}`; "
+             f"{steps:,} env steps, the CartPole-v1 preset.", "",
+             "| seed | completed | env steps | restarts | best mean return (last 20 episodes) | "
+             "final mean return | wall |", "|---|---|---:|---:|---:|---:|---:|"]
+    for seed in seeds:
+        cfg = apply_overrides(PPOConfig(), preset_for("CartPole-v1"))
+        apply_overrides(cfg, {"seed": seed, "total_steps": steps, "log_every_s": 0.1, "device": "cpu"})
+        run = tempfile.mkdtemp(prefix="fastvec-flaky-")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                res = run_training("FlakyCartPole-v0", cfg, run_dir=run, progress=False, tensorboard=False)
+            best = max((r.get("charts/mean_return") or 0) for r in _rows(run))
+        finally:
+            shutil.rmtree(run, ignore_errors=True)
+        lines.append(f"| {seed} | {not res['interrupted']} | {res['env_steps']:,} | {res['restarts']} | "
+                     f"{best:.1f} | {res['final_mean_return']} | {res['wall_seconds']:.1f} s |")
+        print(lines[-1], flush=True)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "flaky.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="CartPole-v1")
@@ -102,7 +162,11 @@ def main(argv=None):
     ap.add_argument("--kills", type=int, default=2)
     ap.add_argument("--checkpoint-every", default="4096")
     ap.add_argument("--out", default="benchmarks/results/resume")
+    ap.add_argument("--flaky", action="store_true", help="the flaky-env run instead")
+    ap.add_argument("--flaky-steps", type=int, default=200_000)
     args = ap.parse_args(argv)
+    if args.flaky:
+        return flaky(args.seeds, args.flaky_steps, args.out)
     rng = random.Random(1234)
     extra = ["--checkpoint-every", args.checkpoint_every, "--total-steps", "500000"]
     rows = []
