@@ -26,7 +26,7 @@ from ._core.actions import ActionWriter
 from ._core.base import IN_SLOT, EngineBase
 from ._core.infos import InfoTable, StepResult, join_parts
 from ._core.infotable import mask_full
-from ._core.layout import leaves_of, plan_segment
+from ._core.layout import layout_of, leaves_of, plan_segment
 from ._core.pickling import pickle_payloads
 from ._core.replies import TABLE_REPORT, WorkerReplies
 from ._core.shm import create_segment
@@ -157,13 +157,16 @@ class Engine(WorkerReplies, EngineBase):
         for i, (o, a, *_rest) in enumerate(per_env, start=first):
             for what, mine, want in (("observation", o, obs_space), ("action", a, act_space)):
                 lax = layout and what == "observation"
-                if lax and (mine_layout := _layout(mine)) is not None and mine_layout == _layout(want):
+                if lax and (mine_layout := layout_of(mine)) is not None and mine_layout == layout_of(want):
                     continue
                 if mine != want:
-                    rule = (f"share the leaves, shapes and dtypes of their {what} spaces" if lax
-                            else f"share their {what} spaces (the sub-environments observation spaces are "
-                                 "not equivalent. If this is intentional, use `observation_mode='different'` "
-                                 "instead.)" if what == "observation" else f"share their {what} spaces")
+                    if lax:
+                        rule = f"share the leaves, shapes and dtypes of their {what} spaces"
+                    else:
+                        rule = f"share their {what} spaces"
+                        if what == "observation":  # gymnasium's words, for its users
+                            rule += (" (the sub-environments observation spaces are not equivalent. If this "
+                                     "is intentional, use `observation_mode='different'` instead.)")
                     raise SpaceMismatchError(
                         f"env {i} has {what} space {mine}, but env 0 has {want}: "
                         f"all envs of a vector env must {rule}"
@@ -347,14 +350,6 @@ class Engine(WorkerReplies, EngineBase):
         super()._drop_views()
         self._ctl = None
         self._table = None
-
-
-def _layout(space) -> list | None:
-    """What the shared memory needs of a space: its leaves' paths, shapes and dtypes."""
-    try:
-        return [(leaf.path, leaf.shape, leaf.dtype) for leaf in leaves_of(space)]
-    except (TypeError, ValueError):
-        return None
 
 
 def _spin_arg(spin_us: float | None) -> float:

@@ -131,9 +131,13 @@ def worker_error(message: str, *, cause_class: type | None = None, **attrs) -> W
 
 
 def cause_class_blob(exc: BaseException) -> bytes | None:
-    """``type(exc)`` pickled by reference, for the parent (None if it does not pickle)."""
+    """The class of ``exc`` pickled by reference, for the parent (None if it does not
+    pickle): for a ``WorkerError`` that is its env's class, ``cause_class``."""
+    cls = exc.cause_class if isinstance(exc, WorkerError) else type(exc)
+    if cls is None:
+        return None
     try:
-        return pickle.dumps(type(exc))
+        return pickle.dumps(cls)
     except Exception:
         return None
 

@@ -50,6 +50,15 @@ def leaves_of(space: spaces.Space, path: tuple = ()) -> list[Leaf]:
     )
 
 
+def layout_of(space: spaces.Space) -> list | None:
+    """What the shared memory needs of a space: its leaves' paths, shapes and dtypes
+    (None for a space it cannot lay out)."""
+    try:
+        return [(leaf.path, leaf.shape, leaf.dtype) for leaf in leaves_of(space)]
+    except (TypeError, ValueError):
+        return None
+
+
 def get_path(value, path: tuple):
     for key in path:
         value = value[key]

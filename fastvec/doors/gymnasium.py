@@ -84,14 +84,12 @@ def _check_observation_mode(mode):
 
 def _observation_spaces(mode, given, eng):
     """(batched, single) observation spaces for ``observation_mode``."""
-    from .._core.layout import leaves_of
+    from .._core.layout import layout_of
 
     if given is not None:
         batched, single = given
         env0 = eng.single_observation_space
-        mine = [(leaf.path, leaf.shape, leaf.dtype) for leaf in leaves_of(single)]
-        theirs = [(leaf.path, leaf.shape, leaf.dtype) for leaf in leaves_of(env0)]
-        if mine != theirs:
+        if layout_of(single) is None or layout_of(single) != layout_of(env0):
             raise ValueError(f"observation_mode's single space {single} does not have the layout of the "
                              f"envs' observation space {env0} (leaves, shapes, dtypes)")
         return batched, single

@@ -44,7 +44,7 @@ def report(exc: BaseException, fatal: bool | None = None) -> dict:
             "exc_type": exc.exc_type,
             "exc_message": exc.exc_message,
             "worker_traceback": exc.worker_traceback,
-            "exc_class": cause_class_blob_of(exc),
+            "exc_class": cause_class_blob(exc),
             # an env that raised leaves the engine usable; a dead or silent worker does not
             "fatal": (exc.exc_type is None) if fatal is None else fatal,
         }
@@ -60,15 +60,6 @@ def report(exc: BaseException, fatal: bool | None = None) -> dict:
         "fatal": True if fatal is None else fatal,
     }
 
-
-def cause_class_blob_of(exc: WorkerError):
-    """The env's exception class behind a local engine's WorkerError, pickled."""
-    if exc.cause_class is None:
-        return None
-    try:
-        return pickle.dumps(exc.cause_class)
-    except Exception:
-        return None
 
 
 class FastvecActor:
