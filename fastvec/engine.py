@@ -26,7 +26,8 @@ from ._core.actions import ActionWriter
 from ._core.base import IN_SLOT, EngineBase
 from ._core.infos import InfoTable, StepResult, join_parts
 from ._core.infotable import mask_full
-from ._core.layout import layout_of, leaves_of, plan_segment
+from ._core.layout import Ring, layout_of, leaves_of, pickled_arrays, plan_segment
+from ._core.pickled import PickledRows
 from ._core.pickling import pickle_payloads
 from ._core.replies import TABLE_REPORT, WorkerReplies
 from ._core.shm import create_segment
@@ -123,9 +124,10 @@ class Engine(WorkerReplies, EngineBase):
         self.env_metadata = metadata
         self.render_mode = render_mode
         self.spec = spec
-        self.obs_leaves_info = leaves_of(obs_space)
-        self.act_leaves_info = leaves_of(act_space)
-        self._action_writer = ActionWriter(act_space, self.num_envs)
+        allow = self.options.pickled_leaves
+        self.obs_leaves_info = leaves_of(obs_space, pickled=allow)
+        self.act_leaves_info = leaves_of(act_space, pickled=allow)
+        self._action_writer = ActionWriter(act_space, self.num_envs, self.options.action_check)
 
         # Phase 2: one segment for everything, laid out once.
         plan = plan_segment(obs_space, act_space, self.num_slots, self.num_envs, self.num_workers, P.CTL_COLS,
@@ -134,7 +136,10 @@ class Engine(WorkerReplies, EngineBase):
         self._sup.segment_box.append(segment)
         self.shm_name = segment.name
         arrays = plan.arrays(segment.buf)
+        arrays.update(pickled_arrays(obs_space, act_space, self.num_slots, self.num_envs))
         self._bind_ring(arrays)
+        self._pickled = PickledRows.of(Ring.of(arrays), self.obs_leaves_info, self.act_leaves_info)
+        self._pickled_actions = self._pickled is not None and bool(self._pickled.act)
         self._table = InfoTable(arrays["info_table"], arrays["info_mask"], self.groups, P.INFO_COLS)
         # step()'s action fast path: one plain leaf with a compiled bounds check.
         writer = self._action_writer
@@ -187,8 +192,14 @@ class Engine(WorkerReplies, EngineBase):
         self._attach([w])
         a, b = self.groups[w]
         self._send_commands(P.CMD_RESET, slot, {w: [(j, {}) for j in range(b - a)]})
-        recs = self._gather([w], self.step_timeout, "resetting restarted envs")[w]
+        recs = self._reset_infos(w, slot, self._gather([w], self.step_timeout, "resetting restarted envs")[w])
         return {a + j: info for j, info in recs}
+
+    def _reset_infos(self, w: int, slot: int, reply) -> list:
+        """A reset reply's ``[(local env, info)]``, its pickled rows written into ``slot``."""
+        if self._pickled is None:
+            return reply
+        return self._pickled.take_reset(slot, self.groups[w][0], reply)
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -204,6 +215,11 @@ class Engine(WorkerReplies, EngineBase):
 
     # ------------------------------------------------------------------ stepping
     def _dispatch(self, slot: int) -> None:
+        if self._pickled_actions:  # each worker's rows of the pickled action leaves go with it
+            rows = self._pickled
+            self._send_commands(P.CMD_STEP, slot, {w: rows.action_rows(slot, a, b)
+                                                   for w, (a, b) in enumerate(self.groups)})
+            return
         try:
             self._ctl.issue_all(P.CMD_STEP, slot)
         except OSError as exc:
@@ -216,6 +232,8 @@ class Engine(WorkerReplies, EngineBase):
         from shared memory alone. The parent runs this with caches cold from the envs
         that just ran on its core: on Pong the layered path took ~55 us of a ~1.8 ms
         step, this one ~36 us."""
+        if self._pickled_actions:  # the actions travel with the commands: the layered path
+            return super().step(actions, slot, timeout)
         fast = self._fast_action
         self._check_step_slot(slot)
         if (fast is not None and type(actions) is np.ndarray and actions.shape == fast.shape
@@ -247,6 +265,62 @@ class Engine(WorkerReplies, EngineBase):
                                           waited=waited)
         return self._finish_step(slot, reports, failures)
 
+    # ------------------------------------------------------------------ batch groups
+    # Some workers step while others wait for the caller (fastvec.doors.batches): a step
+    # is sent to a batch group's workers only and collected from them only.
+    def group_send(self, workers: np.ndarray, envs: tuple, arrays: list, writer: ActionWriter, slot: int) -> None:
+        """Start a step of ``workers`` (the whole workers running envs ``[a, b)``) on
+        ``arrays``, the actions of those envs checked by ``writer``, writing into ``slot``."""
+        if self._pending_groups is None:
+            self._pending_groups = {}
+        pending, self._pending_groups = self._pending_groups, None
+        try:
+            self._check_step_slot(slot)  # closed, broken, a lock-step command in flight
+        finally:
+            self._pending_groups = pending
+        busy = [int(w) for w in workers if int(w) in pending]
+        if busy:
+            raise RuntimeError(f"worker {busy[0]} has a step in flight: group_recv it first")
+        a, b = envs
+        for chk, arr, dest in zip(writer.checks, arrays, self.act_bufs):
+            if chk.pickled:
+                for j, value in enumerate(arr):
+                    dest[slot, a + j] = value
+            else:
+                dest[slot, a:b] = arr
+        if self._pickled_actions:
+            rows = self._pickled
+            self._send_commands(P.CMD_STEP, slot, {int(w): rows.action_rows(slot, *self.groups[w]) for w in workers})
+        else:
+            for w in workers:
+                try:
+                    self._ctl.issue(int(w), P.CMD_STEP, slot)
+                except (OSError, channel.PeerClosed):
+                    raise self._fail(int(w), self._sup.death_message(int(w), "receiving a command")) from None
+        for w in workers:
+            pending[int(w)] = slot
+
+    def group_poll(self, workers: np.ndarray, timeout: float) -> bool:
+        """Whether ``workers``' step in flight is done (or failed) within ``timeout``."""
+        status, _w = self._ctl.wait(workers, max(0.0, timeout))
+        return status != 1
+
+    def group_recv(self, workers: np.ndarray, slot: int, prev_slot: int, timeout: float | None = ...) -> StepResult:
+        """Finish the step ``group_send`` started on ``workers``: its ``StepResult``
+        (infos with global env indices). ``prev_slot``: where those envs' previous
+        observations are (a replaced worker's envs end their episode with them)."""
+        pending = self._pending_groups or {}
+        if any(pending.get(int(w)) != slot for w in workers):
+            raise RuntimeError(f"group_recv() of workers {list(map(int, workers))} in slot {slot} without their "
+                               "group_send()")
+        for w in workers:
+            del pending[int(w)]
+        if timeout is ...:
+            timeout = self.step_timeout
+        reports, failures = self._collect(workers, timeout, "stepping", slot=slot)
+        self._last_slot = prev_slot
+        return self._finish_step(slot, reports, failures)
+
     def _collect_step(self, slot: int, timeout):
         return self._collect(range(self.num_workers), timeout, "stepping", slot=slot)
 
@@ -260,8 +334,13 @@ class Engine(WorkerReplies, EngineBase):
         for w, report in reports.items():
             if report is None:
                 continue
-            kind, body = report
             start = self.groups[w][0]
+            if report[0] == "objs":  # pickled observation leaves, then the records (or None)
+                body = self._pickled.take_step(slot, start, report)
+                if body is not None:
+                    records += [(start + j, step_info, reset_info) for j, step_info, reset_info in body]
+                continue
+            kind, body = report
             if kind == "table":
                 parts.append((0, self._table.worker_columns(w, slot)))
             elif kind == "cols":
@@ -292,7 +371,7 @@ class Engine(WorkerReplies, EngineBase):
         infos = {}
         for w, recs in replies.items():
             start = self.groups[w][0]
-            for j, info in recs:
+            for j, info in self._reset_infos(w, slot, recs):
                 infos[start + j] = info
         self._last_slot = slot
         return infos
@@ -345,6 +424,15 @@ class Engine(WorkerReplies, EngineBase):
     # ------------------------------------------------------------------ close
     def _drain(self) -> None:
         self._gather(range(self.num_workers), CLOSE_GRACE_S, "closing")
+
+    def close(self) -> None:
+        if self._pending_groups and self._broken is None and not self._closed:
+            try:  # batch steps in flight finish first, so the workers are idle when told to close
+                self._gather(sorted(self._pending_groups), CLOSE_GRACE_S, "closing")
+            except Exception:
+                pass
+        self._pending_groups = None
+        super().close()
 
     def _drop_views(self) -> None:
         super()._drop_views()

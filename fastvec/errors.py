@@ -68,6 +68,12 @@ class WorkerError(RuntimeError):
         return text
 
 
+class ActionTypeError(ValueError, TypeError):
+    """Actions that are not a batch of values at all (a scalar for a vector env, text
+    for numbers): a ValueError, as fastvec's other action checks, and a TypeError, as
+    gymnasium raises for them."""
+
+
 class ClosedError(RuntimeError, _gym_error.ClosedEnvironmentError):
     """An operation was attempted on a vector env that is closed."""
 

@@ -98,6 +98,18 @@ class EngineOptions:
         How the envs' spaces must agree with env 0's: "equal" (SB3's rule), or "layout":
         the same leaves, shapes and dtypes, bounds may differ (gymnasium's
         ``observation_mode``; the shared memory only needs the layout).
+    action_check : {"bounds", "dtype"}
+        What is checked of a batch of actions before anything is sent (shapes and the
+        number of envs always): "bounds" (fastvec's rule): numbers of the space's kind
+        within its bounds, so a bad action never reaches a worker; "dtype" (what
+        gymnasium passes through): any value the space's dtype holds exactly, so the env
+        decides what an out-of-range value means (floats round to a float space's
+        precision; a float for an integer space must be a whole number).
+    pickled_leaves : bool, default False
+        Carry spaces without a fixed size (Text, Graph, Sequence, OneOf, custom spaces)
+        pickled beside the shared arrays (the gymnasium door does); False refuses them
+        with a ``ValueError`` at start-up, for users of the ring that need fixed-size
+        arrays (SB3's buffers, the trainer).
     """
 
     num_slots: int = 2
@@ -110,6 +122,8 @@ class EngineOptions:
     main_spin_us: float | None = None
     daemon: bool = True
     space_check: str = "equal"
+    action_check: str = "bounds"
+    pickled_leaves: bool = False
 
     def __post_init__(self) -> None:
         self.num_slots = check_positive_int(self.num_slots, "num_slots")
@@ -120,12 +134,16 @@ class EngineOptions:
         self.spin_us = check_spin(self.spin_us, "spin_us")
         self.main_spin_us = check_spin(self.main_spin_us, "main_spin_us")
         if self.context is not None and self.context not in mp.get_all_start_methods():
-            raise ValueError(f"context must be one of {mp.get_all_start_methods()}, got {self.context!r}")
+            # multiprocessing's own words first (SB3's tests match them), then what is allowed
+            raise ValueError(f"cannot find context for {self.context!r}: the start method must be one of "
+                             f"{mp.get_all_start_methods()}")
         self.restart_on_error = bool(self.restart_on_error)
         if not isinstance(self.daemon, bool):
             raise ValueError(f"daemon must be True or False, got {self.daemon!r}")
         if self.space_check not in ("equal", "layout"):
             raise ValueError(f"space_check must be 'equal' or 'layout', got {self.space_check!r}")
+        if self.action_check not in ("bounds", "dtype"):
+            raise ValueError(f"action_check must be 'bounds' or 'dtype', got {self.action_check!r}")
 
     def replace(self, **changes) -> "EngineOptions":
         return dataclasses.replace(self, **changes)

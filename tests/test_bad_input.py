@@ -110,9 +110,9 @@ SB3_DICT_BAD = [
 ]
 
 
-def make_pair(front, fns, num_workers=2):
+def make_pair(front, fns, num_workers=2, **kwargs):
     if front == "gym":
-        return fastvec.AsyncVectorEnv(fns, num_workers=num_workers), SyncVectorEnv(fns)
+        return fastvec.AsyncVectorEnv(fns, num_workers=num_workers, **kwargs), SyncVectorEnv(fns)
     return fastvec.SubprocVecEnv(fns, num_workers=num_workers), DummyVecEnv(fns)
 
 
@@ -138,7 +138,8 @@ def step_pair(env, ref, actions, ref_actions, where):
 def test_bad_actions_rejected_before_dispatch(front, case):
     space, goods, bads = CASES[case]
     fns = [functools.partial(EchoEnv, space)] * N
-    env, ref = make_pair(front, fns)
+    # the gymnasium door passes what the dtype holds through by default (test_gym_dropin)
+    env, ref = make_pair(front, fns, **({"action_check": "bounds"} if front == "gym" else {}))
     batched = batch_space(space, N)
     nested = isinstance(space, spaces.Dict)
     if front == "sb3" and nested:
@@ -162,7 +163,7 @@ def test_bad_actions_rejected_before_dispatch(front, case):
 
 
 def test_bad_action_does_not_break_step_async():
-    env = fastvec.AsyncVectorEnv([functools.partial(EchoEnv, DISCRETE)] * 2, num_workers=2)
+    env = fastvec.AsyncVectorEnv([functools.partial(EchoEnv, DISCRETE)] * 2, num_workers=2, action_check="bounds")
     try:
         env.reset(seed=0)
         with pytest.raises(ValueError):
@@ -195,10 +196,11 @@ class _TextObsEnv(gym.Env):
         return "abc", 0.0, False, False, {}
 
 
-@pytest.mark.parametrize("front", ["gym", "sb3"])
-def test_unsupported_space_is_a_value_error(front):
+def test_unsupported_space_is_a_value_error():
+    """SB3's buffers need fixed-size arrays: a Text observation is refused by name (the
+    gymnasium door carries it pickled: test_gym_dropin)."""
     with pytest.raises(ValueError, match="Text"):
-        make_pair(front, [_TextObsEnv, _TextObsEnv])
+        make_pair("sb3", [_TextObsEnv, _TextObsEnv])
 
 
 def test_different_nested_observation_spaces_name_the_env():
@@ -510,3 +512,19 @@ def test_compiled_bounds_check_agrees_with_numpy(which, dtype, values):
             return ("error", str(exc))
 
     assert outcome(fast) == outcome(slow)
+
+
+@pytest.mark.parametrize("front", ["gym", "sb3"])
+def test_unknown_start_method_says_what_multiprocessing_says_and_what_is_allowed(front):
+    """SB3's SubprocVecEnv lets multiprocessing raise "cannot find context for ...";
+    fastvec's message starts the same way, then lists the start methods, before any
+    process starts."""
+    import multiprocessing as mp
+
+    fns = [lambda: gym.make("CartPole-v1")] * 2
+    with pytest.raises(ValueError, match="cannot find context for 'illegal_method'") as info:
+        if front == "gym":
+            fastvec.AsyncVectorEnv(fns, context="illegal_method")
+        else:
+            fastvec.SubprocVecEnv(fns, start_method="illegal_method")
+    assert all(m in str(info.value) for m in mp.get_all_start_methods())

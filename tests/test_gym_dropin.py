@@ -334,3 +334,50 @@ def test_timeout_raises_multiprocessing_timeout_and_loses_nothing(what):
     finally:
         v.close()  # also with the reset above in flight
         ref.close()
+
+
+class CountTo(gym.Env):
+    """A Discrete observation counting up to ``n``, given as a Python int or (``numpy``)
+    a numpy integer: SyncVectorEnv's ``final_obs`` keeps whichever the env gave."""
+
+    observation_space = spaces.Discrete(6)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, n: int, numpy: bool):
+        self.n, self.numpy, self.count = n, numpy, 0
+
+    def _obs(self):
+        return np.int64(self.count) if self.numpy else self.count
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.count = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.count += 1
+        return self._obs(), 1.0, self.count >= self.n, False, {}
+
+
+@pytest.mark.parametrize("door", ["gym", "sb3"])
+def test_final_discrete_observation_keeps_the_envs_type(door):
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from helpers import assert_same
+
+    fns = [lambda: CountTo(2, False), lambda: CountTo(3, True), lambda: CountTo(2, True), lambda: CountTo(3, False)]
+    if door == "gym":
+        env = fastvec.AsyncVectorEnv(fns, num_workers=2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        ref = SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        assert_same(env.reset(seed=0), ref.reset(seed=0), "reset")
+    else:
+        env, ref = fastvec.SubprocVecEnv(fns, num_workers=2), DummyVecEnv(fns)
+        assert_same(env.reset(), ref.reset(), "reset")
+    try:
+        for t in range(7):
+            actions = np.zeros(4, np.int64)
+            got, want = env.step(actions), ref.step(actions)
+            assert_same(got, want, f"step {t}")
+    finally:
+        env.close()
+        ref.close()

@@ -655,7 +655,8 @@ def test_close_with_a_step_in_flight_and_double_close(cluster):
 
 
 def test_bad_actions_dispatch_nothing(cluster):
-    env = opened(fr.AsyncVectorEnv([cartpole] * 4, num_actors=2, num_cpus_per_actor=0))
+    # the "bounds" rule (the gymnasium door's default passes out-of-range values on)
+    env = opened(fr.AsyncVectorEnv([cartpole] * 4, num_actors=2, num_cpus_per_actor=0, action_check="bounds"))
     try:
         env.reset(seed=0)
         for bad in (np.full(4, 2), np.zeros(3, np.int64), np.array([0.5, 0, 0, 0]), "0000", None):

@@ -2,12 +2,17 @@
 
 A bad action raises ``ValueError`` in the caller's process, with nothing sent, so the
 vector env stays usable. Actions are written into shared memory in the space's dtype.
+Two rules (``EngineOptions.action_check``): "bounds" checks the values against the
+space; "dtype" lets through whatever the space's dtype holds exactly, as gymnasium
+passes actions to its envs unchecked. A pickled leaf's batch must be a sequence of one
+value per env; the values themselves go to the envs as they are.
 """
 from __future__ import annotations
 
 import numpy as np
 from gymnasium import spaces
 
+from ..errors import ActionTypeError
 from .bounds import in_bounds
 from .layout import Leaf, get_path, leaves_of
 
@@ -23,18 +28,89 @@ def _where(leaf: Leaf) -> str:
 
 def _as_array(value, where: str) -> np.ndarray:
     if isinstance(value, (str, bytes)):
-        raise ValueError(f"{where} must be numeric, got a {type(value).__name__}")
+        raise ActionTypeError(f"{where} must be numeric, got a {type(value).__name__}")
     try:
         arr = np.asarray(value)
     except Exception as exc:  # e.g. a CUDA tensor, ragged lists
         raise ValueError(f"{where} could not be converted to a numpy array: {exc}") from None
     if arr.dtype.kind not in "biuf":
-        raise ValueError(f"{where} must be numeric, got dtype {arr.dtype}")
+        raise ActionTypeError(f"{where} must be numeric, got dtype {arr.dtype}")
     return arr
+
+
+def _wrong_shape(where: str, shape: tuple, expected: tuple) -> ValueError:
+    if shape == () and expected != ():  # gymnasium raises TypeError here: both, then
+        return ActionTypeError(f"{where} is a single value, but a vector env takes a batch of shape {expected} "
+                               "(num_envs, *action_shape)")
+    return ValueError(f"{where} has shape {shape}, expected {expected} (num_envs, *action_shape)")
+
+
+class _PickledCheck:
+    """A pickled leaf's batch: one value per env, in a tuple, list or 1-d array."""
+
+    pickled = True
+    fast = None
+
+    def __init__(self, leaf: Leaf, num_envs: int):
+        self.leaf = leaf
+        self.where = _where(leaf)
+        self.num_envs = num_envs
+
+    def check(self, value):
+        if isinstance(value, np.ndarray):
+            if value.ndim == 0:
+                raise _wrong_shape(self.where, (), (self.num_envs,))
+            value = list(value)
+        if not isinstance(value, (tuple, list)):
+            raise ActionTypeError(f"{self.where} must be a tuple or list of {self.num_envs} values "
+                                  f"(one per env) for {self.leaf.space}, got {type(value).__name__}")
+        if len(value) != self.num_envs:
+            raise ValueError(f"{self.where} has {len(value)} values, expected one per env ({self.num_envs})")
+        return value
+
+
+class _DtypeCheck:
+    """Checks one leaf's batch under the "dtype" rule: numbers, the shape, and that the
+    leaf's dtype holds them exactly (floats round to a float dtype's precision)."""
+
+    pickled = False
+
+    def __init__(self, leaf: Leaf, num_envs: int):
+        self.leaf = leaf
+        self.where = _where(leaf)
+        self.shape = (num_envs,) + leaf.shape
+        self.dtype = leaf.dtype
+        self.fast = True  # the engine's fused step may take an array that passes _fast_in_bounds
+
+    def _fast_in_bounds(self, arr: np.ndarray) -> bool:
+        """No bounds here: an array of the leaf's dtype (any float for a float leaf)
+        needs no check."""
+        return arr.dtype == self.dtype or (arr.dtype.kind == "f" and self.dtype.kind == "f")
+
+    def check(self, value) -> np.ndarray:
+        if type(value) is np.ndarray and value.shape == self.shape and self._fast_in_bounds(value):
+            return value
+        arr = _as_array(value, self.where)
+        if arr.shape != self.shape:
+            raise _wrong_shape(self.where, arr.shape, self.shape)
+        if self.dtype.kind == "f" or arr.dtype == self.dtype:
+            return arr
+        if arr.dtype.kind == "f" and not (np.isfinite(arr).all() and np.array_equal(arr, np.round(arr))):
+            raise ValueError(f"{self.where} must hold whole numbers for {self.leaf.space} (dtype {self.dtype}); "
+                             "the shared memory would change the value")
+        with np.errstate(invalid="ignore", over="ignore"):
+            cast = arr.astype(self.dtype)
+        if not np.array_equal(cast, arr):
+            bad = np.argwhere(cast != arr)[0]
+            raise ValueError(f"{self.where} for env {int(bad[0])} does not fit dtype {self.dtype} of "
+                             f"{self.leaf.space}: {arr[tuple(bad)]!r} would become {cast[tuple(bad)]!r}")
+        return arr
 
 
 class _LeafCheck:
     """Checks one leaf's batch: dtype kind, shape and bounds, precomputed once."""
+
+    pickled = False
 
     def __init__(self, leaf: Leaf, num_envs: int):
         self.leaf = leaf
@@ -43,7 +119,10 @@ class _LeafCheck:
         self.dtype = leaf.dtype
         space = leaf.space
         self.low = self.high = None
-        if isinstance(space, spaces.Box):
+        if isinstance(space, spaces.Box) and space.dtype == np.bool_:
+            self.kinds = "b"
+            self.integral = True
+        elif isinstance(space, spaces.Box):
             self.kinds = "iuf"
             low = np.asarray(space.low, dtype=np.float64)
             high = np.asarray(space.high, dtype=np.float64)
@@ -96,13 +175,11 @@ class _LeafCheck:
         if arr.dtype.kind not in self.kinds:
             raise ValueError(
                 f"{self.where} has dtype {arr.dtype}, but {type(self.leaf.space).__name__} actions "
-                f"need {'integers' if self.kinds != 'iuf' else 'numbers'}"
+                f"need {dict(b='booleans', iuf='numbers').get(self.kinds, 'integers')}"
                 + (" (NaN is not an action)" if arr.dtype.kind == "f" else "")
             )
         if arr.shape != self.shape:
-            raise ValueError(
-                f"{self.where} has shape {arr.shape}, expected {self.shape} (num_envs, *action_shape)"
-            )
+            raise _wrong_shape(self.where, arr.shape, self.shape)
         if self._fast_in_bounds(arr):
             return arr
         if arr.dtype.kind == "f":
@@ -125,12 +202,14 @@ class _LeafCheck:
 
 
 class ActionWriter:
-    """Validates a batch of actions for ``space`` and writes it into ``leaves[slot]``."""
+    """Validates a batch of actions for ``space`` and writes it into ``leaves[slot]``
+    (``check``: "bounds" or "dtype", see the module's docstring)."""
 
-    def __init__(self, space: spaces.Space, num_envs: int):
+    def __init__(self, space: spaces.Space, num_envs: int, check: str = "bounds"):
         self.space = space
-        self.leaves = leaves_of(space)
-        self.checks = [_LeafCheck(leaf, num_envs) for leaf in self.leaves]
+        self.leaves = leaves_of(space, pickled=True)
+        plain = _LeafCheck if check == "bounds" else _DtypeCheck
+        self.checks = [(_PickledCheck if leaf.pickled else plain)(leaf, num_envs) for leaf in self.leaves]
         self.nested = isinstance(space, (spaces.Dict, spaces.Tuple))
 
     def validate(self, actions) -> list[np.ndarray]:
@@ -150,6 +229,11 @@ class ActionWriter:
             out.append(chk.check(value))
         return out
 
-    def write(self, arrays: list[np.ndarray], dest_leaves: list[np.ndarray], slot: int) -> None:
-        for arr, dest in zip(arrays, dest_leaves):
-            dest[slot] = arr
+    def write(self, arrays: list, dest_leaves: list[np.ndarray], slot: int) -> None:
+        for chk, arr, dest in zip(self.checks, arrays, dest_leaves):
+            if chk.pickled:  # one object per env (a value may itself be a sequence)
+                row = dest[slot]
+                for i, value in enumerate(arr):
+                    row[i] = value
+            else:
+                dest[slot] = arr

@@ -26,7 +26,7 @@ from gymnasium import spaces
 
 from ..errors import ClosedError, WorkerError
 from .infos import StepResult, columns_to_records
-from .layout import Ring, build_nested, map_nested, readonly_view
+from .layout import OBJECT, Ring, build_nested, leaf_batch, leaf_value, readonly_view
 
 
 class _InSlot:
@@ -52,6 +52,7 @@ class EngineBase:
     _broken: str | None = None
     _pending_slot: int | None = None
     _pending_cmd: tuple | None = None  # a reset or call sent, not yet waited for
+    _pending_groups: dict | None = None  # {worker: slot} of batch-group steps in flight (Engine)
     _last_slot: int = 0
     _log_prefix = "fastvec"
 
@@ -61,8 +62,9 @@ class EngineBase:
         ring = Ring.of(arrays)
         self.obs_bufs, self.final_bufs, self.act_bufs = ring.obs, ring.final, ring.act
         self.rewards, self.terminated, self.truncated = ring.rewards, ring.terminated, ring.truncated
+        self._final_pytype = arrays.get("final_pytype")  # see Stepper.int_paths
         # A plain (not Dict/Tuple) observation: one leaf, handed out without rebuilding.
-        self._flat_obs = len(self.obs_bufs) == 1 and not isinstance(
+        self._flat_obs = len(self.obs_bufs) == 1 and self.obs_bufs[0].dtype != OBJECT and not isinstance(
             self.single_observation_space, (spaces.Dict, spaces.Tuple))
 
     def _take_options(self, options) -> None:
@@ -95,6 +97,8 @@ class EngineBase:
         if self._pending_cmd is not None:
             raise RuntimeError(f"a {self._pending_cmd[0]} is in flight: call {self._pending_cmd[0]}_wait() "
                                "before anything else")
+        if self._pending_groups:
+            raise RuntimeError("batch steps are in flight (group_send): group_recv them before anything else")
 
     # ------------------------------------------------------------------ resets and calls
     def reset(self, slot: int, kwargs_per_env: dict[int, dict]) -> dict[int, dict]:
@@ -154,6 +158,8 @@ class EngineBase:
         return self.step_wait(timeout)
 
     def _finish_step(self, slot: int, reports: dict, failures: dict) -> StepResult:
+        """The ``StepResult`` of a step's reports; failed groups raise or are replaced
+        (their envs end truncated with the observations of ``self._last_slot``)."""
         if failures and not self.restart_on_error:
             _w, (exc, fatal) = min(failures.items())
             if fatal:
@@ -191,6 +197,8 @@ class EngineBase:
         self.truncated[slot, a:b] = True
         for final, prev in zip(self.final_bufs, previous):
             final[slot, a:b] = prev
+        if self._final_pytype is not None:
+            self._final_pytype[slot, a:b] = 0  # their types are not known: numpy integers
         info = {"fastvec_restarted": True, "fastvec_error": str(exc)}
         return [(i, dict(info), reset_infos.get(i, {})) for i in range(a, b)]
 
@@ -213,19 +221,29 @@ class EngineBase:
         return [i % self.num_envs for i in out]
 
     def obs_view(self, slot: int, space=None):
-        """The batched observation of ``slot`` as views (Dict/Tuple rebuilt)."""
-        return build_nested(space or self.single_observation_space, [b[slot] for b in self.obs_bufs])[0]
+        """The batched observation of ``slot`` as views (Dict/Tuple rebuilt; a pickled
+        leaf as the tuple of its values)."""
+        parts = [tuple(b[slot]) if b.dtype == OBJECT else b[slot] for b in self.obs_bufs]
+        return build_nested(space or self.single_observation_space, parts)[0]
 
-    def observation(self, slot: int, copy: bool):
-        """What a front door returns: fresh arrays, or read-only views into the ring."""
+    def observation(self, slot: int, copy: bool, writable: bool = False):
+        """What a front door returns: fresh arrays, or views into the ring (read-only
+        unless ``writable``: no worker reads them back, but the ring's other readers may)."""
         if self._flat_obs:
             arr = self.obs_bufs[0][slot]
-            return arr.copy() if copy else readonly_view(arr)
-        return map_nested(np.copy if copy else readonly_view, self.obs_view(slot))
+            return arr.copy() if copy else arr if writable else readonly_view(arr)
+        return build_nested(self.single_observation_space,
+                            [leaf_batch(b, slot, copy, writable) for b in self.obs_bufs])[0]
 
     def final_obs_of(self, slot: int, i: int):
         """A copy of env i's final observation of the episode that ended in ``slot``."""
-        parts = [np.array(b[slot, i]) for b in self.final_bufs]
+        bits = 0 if self._final_pytype is None else int(self._final_pytype[slot, i])
+        parts, k = [], 0
+        for buf, leaf in zip(self.final_bufs, self.obs_leaves_info):
+            as_int = False
+            if isinstance(leaf.space, spaces.Discrete) and not leaf.pickled:
+                as_int, k = bool(bits >> k & 1), k + 1
+            parts.append(leaf_value(buf, slot, i, leaf, as_int))
         return build_nested(self.single_observation_space, parts)[0]
 
     # ------------------------------------------------------------------ closing
@@ -253,4 +271,4 @@ class EngineBase:
     def _drop_views(self) -> None:
         """Let go of every view of the segment, so that its mapping can close."""
         self.obs_bufs, self.final_bufs, self.act_bufs = [], [], []
-        self.rewards = self.terminated = self.truncated = None
+        self.rewards = self.terminated = self.truncated = self._final_pytype = None

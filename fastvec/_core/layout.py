@@ -4,6 +4,13 @@ A *leaf* is a Box, Discrete, MultiDiscrete or MultiBinary space, possibly nested
 Dict and Tuple spaces. Every leaf gets an array of shape ``[num_slots, num_envs, *shape]``
 carved out of one segment; the nesting is kept as a list of access paths so that a
 batched Dict/Tuple value can be rebuilt from views without copying.
+
+A space without a fixed size (Graph, Sequence, Text, OneOf, a custom ``Space``) can be a
+*pickled leaf* instead, where the caller allows it (``leaves_of(.., pickled=True)``): it
+is held in an object array ``[num_slots, num_envs]`` of its own in each process, outside
+the segment, and its values travel pickled with the commands and replies that concern
+them (``PickledRows``); its batched value is a tuple of per-env values, as
+``gymnasium.vector.utils.batch_space`` makes it.
 """
 from __future__ import annotations
 
@@ -15,25 +22,33 @@ from gymnasium import spaces
 ALIGN = 64  # cache-line alignment of every array in the segment
 
 
+OBJECT = np.dtype(object)  # the dtype of a pickled leaf's arrays
+
+
 @dataclass(frozen=True)
 class Leaf:
     path: tuple  # keys (Dict) and indices (Tuple) from the root to this leaf
     space: spaces.Space
     shape: tuple
-    dtype: np.dtype
+    dtype: np.dtype  # OBJECT for a pickled leaf
+
+    @property
+    def pickled(self) -> bool:
+        return self.dtype == OBJECT
 
 
-def leaves_of(space: spaces.Space, path: tuple = ()) -> list[Leaf]:
-    """The leaves of ``space`` in a fixed depth-first order."""
+def leaves_of(space: spaces.Space, path: tuple = (), pickled: bool = False) -> list[Leaf]:
+    """The leaves of ``space`` in a fixed depth-first order. A space that cannot live in
+    shared memory raises ``ValueError``, or with ``pickled`` is a pickled leaf."""
     if isinstance(space, spaces.Dict):
         out = []
         for key, sub in space.spaces.items():
-            out += leaves_of(sub, path + (key,))
+            out += leaves_of(sub, path + (key,), pickled)
         return out
     if isinstance(space, spaces.Tuple):
         out = []
         for idx, sub in enumerate(space.spaces):
-            out += leaves_of(sub, path + (idx,))
+            out += leaves_of(sub, path + (idx,), pickled)
         return out
     if isinstance(space, spaces.Box):
         return [Leaf(path, space, tuple(space.shape), np.dtype(space.dtype))]
@@ -43,18 +58,22 @@ def leaves_of(space: spaces.Space, path: tuple = ()) -> list[Leaf]:
         return [Leaf(path, space, tuple(space.nvec.shape), np.dtype(space.dtype))]
     if isinstance(space, spaces.MultiBinary):
         return [Leaf(path, space, tuple(np.atleast_1d(space.shape)), np.dtype(space.dtype))]
+    if pickled and isinstance(space, spaces.Space):
+        return [Leaf(path, space, (), OBJECT)]
     where = "/".join(map(str, path)) or "the space"
     raise ValueError(
-        f"fastvec cannot lay out {type(space).__name__} (at {where}) in shared memory; "
-        "supported leaves are Box, Discrete, MultiDiscrete and MultiBinary inside Dict and Tuple"
+        f"fastvec cannot lay out {type(space).__name__} (at {where}) in shared memory here; "
+        "supported leaves are Box, Discrete, MultiDiscrete and MultiBinary inside Dict and Tuple "
+        "(fastvec.AsyncVectorEnv carries other spaces pickled)"
     )
 
 
 def layout_of(space: spaces.Space) -> list | None:
-    """What the shared memory needs of a space: its leaves' paths, shapes and dtypes
-    (None for a space it cannot lay out)."""
+    """What the ring needs of a space: its leaves' paths, shapes and dtypes, a pickled
+    leaf's type (None for what is not a space)."""
     try:
-        return [(leaf.path, leaf.shape, leaf.dtype) for leaf in leaves_of(space)]
+        return [(leaf.path, leaf.shape, type(leaf.space) if leaf.pickled else leaf.dtype)
+                for leaf in leaves_of(space, pickled=True)]
     except (TypeError, ValueError):
         return None
 
@@ -91,6 +110,28 @@ def map_nested(fn, value):
     if isinstance(value, tuple):
         return tuple(map_nested(fn, v) for v in value)
     return fn(value)
+
+
+def leaf_batch(buf: np.ndarray, slot: int, copy: bool, writable: bool = False):
+    """What a door hands out for one leaf of ``slot``: a copy or a view of a shared
+    array (read-only unless ``writable``), or the tuple of per-env values of a pickled
+    leaf."""
+    if buf.dtype == OBJECT:
+        return tuple(buf[slot])
+    if copy:
+        return buf[slot].copy()
+    return buf[slot] if writable else readonly_view(buf[slot])
+
+
+def leaf_value(buf: np.ndarray, slot: int, i: int, leaf: Leaf, as_int: bool = False):
+    """A copy of env ``i``'s value of one leaf in ``slot``: a pickled leaf's value itself,
+    a Discrete's a Python int where the env gave one (``as_int``) or else a numpy
+    integer, an array otherwise."""
+    if buf.dtype == OBJECT:
+        return buf[slot, i]
+    if isinstance(leaf.space, spaces.Discrete):
+        return int(buf[slot, i]) if as_int else buf[slot, i]
+    return np.array(buf[slot, i])
 
 
 def readonly_view(arr: np.ndarray) -> np.ndarray:
@@ -138,11 +179,16 @@ def plan_segment(obs_space, act_space, num_slots: int, num_envs: int, num_worker
     plan = SegmentPlan()
     if num_workers:
         plan.add("ctl", (num_workers + 1, ctl_cols), np.int64)
-    for i, leaf in enumerate(leaves_of(obs_space)):
-        plan.add(f"obs{i}", (num_slots, num_envs) + leaf.shape, leaf.dtype)
-        plan.add(f"final{i}", (num_slots, num_envs) + leaf.shape, leaf.dtype)
-    for i, leaf in enumerate(leaves_of(act_space)):
-        plan.add(f"act{i}", (num_slots, num_envs) + leaf.shape, leaf.dtype)
+    for i, leaf in enumerate(leaves_of(obs_space, pickled=True)):
+        if not leaf.pickled:
+            plan.add(f"obs{i}", (num_slots, num_envs) + leaf.shape, leaf.dtype)
+            plan.add(f"final{i}", (num_slots, num_envs) + leaf.shape, leaf.dtype)
+    for i, leaf in enumerate(leaves_of(act_space, pickled=True)):
+        if not leaf.pickled:
+            plan.add(f"act{i}", (num_slots, num_envs) + leaf.shape, leaf.dtype)
+    if any(isinstance(leaf.space, spaces.Discrete) for leaf in leaves_of(obs_space, pickled=True)):
+        # same_step: bit k says the k-th Discrete leaf of a final observation was a Python int
+        plan.add("final_pytype", (num_slots, num_envs), np.uint32)
     plan.add("rewards", (num_slots, num_envs), np.float64)
     plan.add("terminated", (num_slots, num_envs), np.bool_)
     plan.add("truncated", (num_slots, num_envs), np.bool_)
@@ -150,6 +196,20 @@ def plan_segment(obs_space, act_space, num_slots: int, num_envs: int, num_worker
         plan.add("info_table", (num_slots, num_envs, info_cols), np.float64)
         plan.add("info_mask", (num_slots, num_envs), np.uint16)
     return plan
+
+
+def pickled_arrays(obs_space, act_space, num_slots: int, num_envs: int) -> dict[str, np.ndarray]:
+    """The object arrays of the pickled leaves (outside the segment, one set per
+    process), named as ``plan_segment`` names the others: merge them into its arrays."""
+    out = {}
+    for i, leaf in enumerate(leaves_of(obs_space, pickled=True)):
+        if leaf.pickled:
+            out[f"obs{i}"] = np.full((num_slots, num_envs), None, dtype=OBJECT)
+            out[f"final{i}"] = np.full((num_slots, num_envs), None, dtype=OBJECT)
+    for i, leaf in enumerate(leaves_of(act_space, pickled=True)):
+        if leaf.pickled:
+            out[f"act{i}"] = np.full((num_slots, num_envs), None, dtype=OBJECT)
+    return out
 
 
 @dataclass

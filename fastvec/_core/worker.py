@@ -14,12 +14,14 @@ import time
 import traceback
 
 import cloudpickle
+from gymnasium import spaces as gym_spaces
 
 from ..errors import cause_class_blob
 from . import channel
 from . import protocol as P
 from .infos import InfoPicklingError, dump_records, table_kind
-from .layout import Ring, SegmentPlan, build_nested, leaves_of
+from .layout import Ring, SegmentPlan, build_nested, leaves_of, pickled_arrays
+from .pickled import PickledRows
 from .pickling import dumps
 from .shm import attach_segment
 from .stepper import Stepper
@@ -135,16 +137,25 @@ def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_f
         shm_name, entries, obs_space, act_space, spin_us = pickle.loads(channel.recv_payload(fd, n))
         segment = attach_segment(shm_name)
         arrays = SegmentPlan.from_entries(entries).arrays(segment)
+        arrays.update(pickled_arrays(obs_space, act_space, arrays["rewards"].shape[0], num_envs))
         ring = Ring.of(arrays)
+        obs_leaves = leaves_of(obs_space, pickled=True)
         stepper = Stepper(
             envs, offset, num_envs, mode, ring.obs, ring.final,
-            [leaf.path for leaf in leaves_of(obs_space)], ring.act, act_space, build_nested,
+            [leaf.path for leaf in obs_leaves], ring.act, act_space, build_nested,
             ring.rewards, ring.terminated, ring.truncated,
             table_kind, dump_records, arrays.get("info_table"), arrays.get("info_mask"),
+            [leaf.path for leaf in obs_leaves if isinstance(leaf.space, gym_spaces.Discrete) and not leaf.pickled],
+            arrays.get("final_pytype"),
         )
+        rows = PickledRows.of(ring, obs_leaves, leaves_of(act_space, pickled=True))
+        if rows is not None:
+            end = offset + len(envs)
+            stepper.report_pickled = lambda slot, records, ended: rows.step_report(
+                slot, offset, end, records, ended)
         chan = channel.WorkerChannel(arrays["ctl"], index, fd, spin_us)
         channel.send_header(fd, P.REPLY_DONE, 0, 0)
-        _serve(chan, stepper, envs, offset)
+        _serve(chan, stepper, envs, offset, rows)
     except channel.PeerClosed:
         pass  # the parent went away; nothing to answer
     finally:
@@ -157,12 +168,18 @@ def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_f
         conn.close()
 
 
-def _serve(chan, stepper, envs, offset) -> None:
+def _serve(chan, stepper, envs, offset, rows) -> None:
     while True:
         try:
-            stepper.serve(chan)  # returns on the first command that is not a step
+            stepper.serve(chan)  # returns on the first command that is not a plain step
             cmd, slot, _, blob = chan.current_command()
             payload = pickle.loads(blob) if blob is not None else None
+            if cmd == P.CMD_STEP:  # a step with pickled actions
+                if rows is None:
+                    raise ValueError("a step with a payload, but no pickled action leaves")
+                rows.put_actions(slot, offset, payload)
+                stepper.answer(chan, slot)
+                continue
         except channel.PeerClosed:
             raise
         except Exception as exc:
@@ -175,7 +192,7 @@ def _serve(chan, stepper, envs, offset) -> None:
             chan.reply(P.REPLY_ERROR, 0, _error_payload(exc, env_index, during))
             continue
         if cmd == P.CMD_RESET:
-            _reset(chan, stepper, envs, offset, slot, payload)
+            _reset(chan, stepper, envs, offset, slot, payload, rows)
         elif cmd == P.CMD_CALL:
             _call(chan, envs, offset, payload)
         else:
@@ -183,7 +200,7 @@ def _serve(chan, stepper, envs, offset) -> None:
                 ValueError(f"unknown command {cmd}"), None, "reading a command"))
 
 
-def _reset(chan, stepper, envs, offset, slot, payload) -> None:
+def _reset(chan, stepper, envs, offset, slot, payload, rows) -> None:
     # payload: list of (local_index, kwargs for env.reset)
     infos = []
     j = -1
@@ -196,6 +213,8 @@ def _reset(chan, stepper, envs, offset, slot, payload) -> None:
     except Exception as exc:
         chan.reply(P.REPLY_ERROR, 0, _error_payload(exc, offset + j, "reset"))
         return
+    if rows is not None:
+        infos = rows.reset_report(slot, offset, [j for j, _kw in payload], infos)
     _reply_result(chan, infos, offset + max(j, 0))
 
 

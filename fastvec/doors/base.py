@@ -51,8 +51,10 @@ class EngineDoor:
     def _free_slot(self) -> int:
         return (self._slot + 1) % self._engine.num_slots
 
+    _writable_views = False  # copy=False: read-only views (the gymnasium door's are writable)
+
     def _observation(self, slot: int):
-        return self._engine.observation(slot, self.copy)
+        return self._engine.observation(slot, self.copy, self._writable_views)
 
     def _send_step(self, actions) -> None:
         self._check_open()

@@ -22,6 +22,7 @@ from ..errors import NoPendingCallError, PendingCallError
 from ..options import EngineOptions
 from . import _gym_infos
 from .base import EngineDoor
+from .batches import GroupBatches, batch_workers, check_batch_size
 from .threads import TorchThreads
 
 _MODES = {
@@ -117,10 +118,12 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         contiguous groups, one per worker.
     copy : bool, default True
         ``True`` returns observations as fresh arrays, like gymnasium. ``False`` returns
-        read-only views into shared memory (zero-copy): a view stays valid until
-        ``num_slots - 1`` further ``step``/``reset`` calls have returned, i.e. through
-        the next step with the default ``num_slots=2``. Rewards, terminated and
-        truncated are always fresh arrays.
+        views into shared memory (zero-copy), writable as gymnasium's are: a view stays
+        valid until ``num_slots - 1`` further ``step``/``reset`` calls have returned,
+        i.e. through the next step with the default ``num_slots=2``. Writing into one
+        changes that slot's observation only (no worker reads it; a masked ``reset``
+        carries the envs it leaves alone over from it, as gymnasium's buffer would).
+        Rewards, terminated and truncated are always fresh arrays.
     autoreset_mode : AutoresetMode or str, default NEXT_STEP
         gymnasium's autoreset semantics; NEXT_STEP, SAME_STEP and DISABLED are supported.
     step_timeout : float, optional
@@ -142,6 +145,30 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         ``"auto"`` lowers its intra-op threads to ``max(1, cores - num_workers)`` unless
         ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` is set; an int sets that many; None
         leaves torch alone. ``close()`` restores the count (``fastvec.doors.threads``).
+    action_check : "dtype" (default) or "bounds"
+        What a batch of actions must pass before it is sent. "dtype", gymnasium's
+        behaviour: the right number of envs and shapes, and values the space's dtype
+        holds exactly; out-of-range values reach the envs, which decide (a float for a
+        Discrete space must be a whole number; floats round to a float Box's dtype).
+        "bounds", fastvec's stricter rule: values of the space's kind within its bounds,
+        else ``ValueError`` with nothing sent. Either way a batch that is not a batch
+        (a scalar) raises ``fastvec.errors.ActionTypeError``, a ValueError and, as
+        gymnasium's, a TypeError.
+
+    batch_size : int, optional
+        EnvPool's asynchronous API (``async_reset``, ``send``, ``recv``): the envs form
+        ``num_envs / batch_size`` fixed groups of contiguous envs, each on workers of its
+        own (``num_workers`` must be a multiple of the number of groups); ``recv``
+        returns the next group's results in turn while the others step
+        (``fastvec.doors.batches``). Default: one group of every env. ``step`` and
+        ``reset`` stay lock-step over every env.
+    batch_mode : "groups"
+        The only mode so far (EnvPool's "first M envs to finish" is not built).
+
+    Spaces without a fixed size (Graph, Sequence, Text, OneOf, custom ``Space``
+    subclasses, also inside Dict and Tuple) are carried pickled, per leaf, beside the
+    shared arrays of the others; their batched value is a tuple of per-env values (as
+    ``batch_space`` makes it), and so is a batch of such actions.
 
     gymnasium's own keywords are accepted too, so ``gymnasium.vector.AsyncVectorEnv(env_fns,
     shared_memory=True, ...)`` works with this class swapped in:
@@ -168,6 +195,8 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         ``min(num_envs, cores, max_concurrency)``).
     """
 
+    _writable_views = True
+
     def __init__(
         self,
         env_fns: Sequence[Callable],
@@ -187,6 +216,9 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         spin_us: float | None = None,
         main_spin_us: float | None = None,
         torch_threads: int | str | None = "auto",
+        action_check: str = "dtype",
+        batch_size: int | None = None,
+        batch_mode: str = "groups",
     ):
         self.closed = True
         # gymnasium's keywords, checked before any process starts
@@ -207,6 +239,13 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
                 num_workers = max(1, min(len(env_fns), available_cores(), int(max_concurrency)))
             elif num_workers > max_concurrency:
                 raise ValueError(f"num_workers={num_workers} exceeds max_concurrency={max_concurrency}")
+        batch = None
+        if batch_size is not None or batch_mode != "groups":
+            from ..options import available_cores, check_env_fns
+
+            env_fns = check_env_fns(env_fns)
+            batch = check_batch_size(len(env_fns) if batch_size is None else batch_size, len(env_fns), batch_mode)
+            num_workers = batch_workers(num_workers, len(env_fns), batch, available_cores())
         self.shared_memory = shared_memory
         self.daemon = daemon
         self.observation_mode = observation_mode
@@ -221,7 +260,8 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         options = EngineOptions(num_slots=num_slots, autoreset_mode=_MODES[mode], context=context,
                                 step_timeout=step_timeout, restart_on_error=restart_on_error,
                                 spin_us=spin_us, main_spin_us=main_spin_us, daemon=daemon,
-                                space_check="equal" if observation_mode == "same" else "layout")
+                                space_check="equal" if observation_mode == "same" else "layout",
+                                action_check=action_check, pickled_leaves=True)
         engine = self._make_engine(env_fns, options, num_workers)
         self._open_door(engine, copy, torch)
         self._cols_for = self._cols = None  # the compiled builder's column spec, per schema
@@ -237,6 +277,8 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         try:
             self.observation_space, self.single_observation_space = _observation_spaces(
                 observation_mode, obs_spaces, eng)
+            self._batches = GroupBatches(self, eng.num_envs if batch is None else batch)
+            self.batch_size, self.batch_mode = self._batches.size, batch_mode
         except BaseException:
             self._close_door()
             raise
@@ -255,6 +297,24 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
         self.reset_async(seed=seed, options=options)
         return self.reset_wait()
+
+    # -------------------------------------------------------------- batches (EnvPool's API)
+    def async_reset(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
+        """Reset every env and start batch mode: each ``recv`` returns the next
+        ``batch_size`` envs' results in turn (first their reset observations), each
+        ``send`` starts those envs' next step (``fastvec.doors.batches``)."""
+        self._batches.async_reset(seed, options)
+
+    def send(self, actions, env_ids=None) -> None:
+        """Start the next step of a batch ``recv`` returned (``env_ids``: its
+        ``infos["env_id"]``; None: the last one); returns at once."""
+        self._batches.send(actions, env_ids)
+
+    def recv(self, timeout: float | None = None):
+        """``(obs, rewards, terminated, truncated, infos)`` of the next batch, in turn;
+        ``infos["env_id"]`` names its envs. With ``timeout`` (seconds):
+        ``multiprocessing.TimeoutError`` if it is not done by then, the step still in flight."""
+        return self._batches.recv(timeout)
 
     def reset_async(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
         """Send the resets (arguments as ``reset``); ``reset_wait`` returns their results."""
@@ -292,6 +352,9 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
                 )
         targets = range(n) if mask is None else np.flatnonzero(mask).tolist()
         slot = self._free_slot()
+        if mask is not None and self._batches.active:
+            raise ValueError("a masked reset needs lock-step observations: after async_reset, reset() every env "
+                             "(no reset_mask) first")
         if mask is not None and slot != self._slot:
             # Envs left alone keep their current observation in the new slot.
             keep = ~mask
@@ -307,6 +370,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         _, slot, targets = self._take("reset", timeout)
         env_infos = self._engine.reset_wait()
         self._slot = slot
+        self._batches.active = False  # back to lock-step
         infos: dict[str, Any] = {}
         for i in targets:
             infos = self._add_info(infos, env_infos[i], i)
@@ -314,6 +378,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
 
     def step_async(self, actions) -> None:
         self._no_pending("step_async")
+        self._lockstep("step_async")
         self._send_step(actions)
 
     def step_wait(self, timeout: float | None = ...):
@@ -330,7 +395,14 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
 
     def step(self, actions):
         self._no_pending("step")
+        self._lockstep("step")
         return self._step_result(self._step(actions))
+
+    def _lockstep(self, what: str) -> None:
+        if self._batches.active:
+            self._batches.check_lockstep(what)
+            raise RuntimeError(f"Calling `{what}` in batch mode (since `async_reset`): the envs' observations "
+                               "are a batch's each; call `reset()` to step every env in lock-step again")
 
     # -------------------------------------------------------------- calls in flight
     _pending: tuple | None = None  # ("reset", slot, targets) or ("call",) sent, not waited for
@@ -347,6 +419,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         if self.waiting:
             raise PendingCallError(f"Calling `{what}` while waiting for a pending call to `step` to "
                                    "complete.", "step")
+        self._batches.check_lockstep(what)
         self._torch.apply()  # torch may have been imported since the door opened
 
     def _take(self, what: str, timeout) -> tuple:
@@ -453,6 +526,8 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         pending = self._pending[0] if self._pending is not None else ("step" if self.waiting else None)
+        if pending is None and getattr(self, "_batches", None) is not None and self._batches.in_flight():
+            pending = "send"
         if pending is not None:  # as gymnasium; the engine lets it finish, then closes
             warnings.warn(f"Calling `close` while waiting for a pending call to `{pending}` to complete.",
                           UserWarning, stacklevel=3)

@@ -142,7 +142,7 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
         self.spec = first["spec"]
         self.obs_leaves_info = leaves_of(self.single_observation_space)
         self.act_leaves_info = leaves_of(self.single_action_space)
-        self._action_writer = ActionWriter(self.single_action_space, self.num_envs)
+        self._action_writer = ActionWriter(self.single_action_space, self.num_envs, self.options.action_check)
 
         # The ring: one segment laid out by the engine's plan, so actors on this node can map it.
         plan = plan_segment(self.single_observation_space, self.single_action_space, self.num_slots,

@@ -766,8 +766,9 @@ cdef class WorkerChannel:
         return 0
 
     cdef int _step_slot(self) noexcept:
-        """The slot of the command last waited for if it is a step, else -1."""
-        return <int>self.ctl[C_SLOT] if self.ctl[C_CMD] == CMD_STEP else -1
+        """The slot of the command last waited for if it is a plain step, else -1 (a
+        step whose actions travel pickled has a payload: the Python loop takes it)."""
+        return <int>self.ctl[C_SLOT] if self.ctl[C_CMD] == CMD_STEP and self.ctl[C_ARG] == NO_PAYLOAD else -1
 
     def current_command(self):
         """The command last waited for, with its payload read off the socket."""

@@ -31,8 +31,8 @@ cdef inline bint _fast_copy(object dest, Py_ssize_t row, object value):
     cdef cnp.ndarray d = <cnp.ndarray>dest
     cdef cnp.ndarray v
     cdef Py_ssize_t nbytes
-    if not cnp.PyArray_CheckExact(value):
-        return False
+    if not cnp.PyArray_CheckExact(value) or cnp.PyArray_TYPE(d) == cnp.NPY_OBJECT:
+        return False  # a pickled leaf holds references, never bytes
     v = <cnp.ndarray>value
     if not cnp.PyArray_IS_C_CONTIGUOUS(v):
         return False
@@ -57,6 +57,14 @@ cdef class Stepper:
     cdef int n_local, offset, num_envs, mode
     cdef list obs_leaves, final_leaves, obs_paths, act_leaves
     cdef object act_space, build_nested, kind_of, dump_records
+    # Pickled leaves (``fastvec._core.pickled``): a step's reply is made by this
+    # callable, ``(slot, records, ended local envs) -> bytes``; None without them.
+    cdef public object report_pickled
+    # same_step: which Discrete leaves of a final observation the env gave as Python
+    # ints (bit k: the k-th Discrete leaf, ``int_paths[k]``), so that ``final_obs`` keeps
+    # the env's type as SyncVectorEnv's does; None without Discrete leaves.
+    cdef list int_paths
+    cdef cnp.uint32_t[:, ::1] final_pytype
     cdef bint single_obs, act_simple, act_scalar
     cdef double[:, ::1] rewards
     cdef cnp.uint8_t[:, ::1] terminated, truncated
@@ -76,7 +84,8 @@ cdef class Stepper:
     def __init__(self, list envs, int offset, int num_envs, int mode, list obs_leaves,
                  list final_leaves, list obs_paths, list act_leaves, object act_space,
                  object build_nested, object rewards, object terminated, object truncated,
-                 object kind_of, object dump_records, object info_table=None, object info_mask=None):
+                 object kind_of, object dump_records, object info_table=None, object info_mask=None,
+                 list int_paths=None, object final_pytype=None):
         self.envs = envs
         self.n_local = len(envs)
         self.offset = offset
@@ -101,6 +110,10 @@ cdef class Stepper:
         self.needs_reset = np.zeros(self.n_local, dtype=np.uint8)
         self._needs_reset = self.needs_reset
         self.current = -1
+        self.report_pickled = None
+        self.int_paths = int_paths[:32] if int_paths and final_pytype is not None else None
+        if self.int_paths is not None:
+            self.final_pytype = final_pytype
         self.schema = {}
         self.schema_list = []
         self.schema_dirty = False
@@ -187,6 +200,19 @@ cdef class Stepper:
                 dest[slot, i] = value
         return 0
 
+    cdef int _mark_ints(self, int slot, int i, object obs) except -1:
+        cdef cnp.uint32_t bits = 0
+        cdef int k = 0
+        for path in self.int_paths:
+            value = obs
+            for key in <tuple>path:
+                value = value[key]
+            if type(value) is int:
+                bits |= <cnp.uint32_t>1 << k
+            k += 1
+        self.final_pytype[slot, i] = bits
+        return 0
+
     def write_reset_obs(self, int slot, int j, object obs):
         """Write a reset observation of local env ``j`` (used by the Python reset path)."""
         self._write_obs(self.obs_leaves, slot, self.offset + j, obs)
@@ -225,6 +251,8 @@ cdef class Stepper:
                 if term or trunc:
                     if self.mode == AUTORESET_SAME_STEP:
                         self._write_obs(self.final_leaves, slot, i, obs)
+                        if self.int_paths is not None:
+                            self._mark_ints(slot, i, obs)
                         obs, reset_info = env.reset()
                         # An end with empty infos on both sides sends nothing: the flags
                         # and the final observation in the segment say it all, and the
@@ -255,23 +283,38 @@ cdef class Stepper:
         Exceptions from envs propagate to the caller (the worker's Python loop), which
         reports them; ``self.current`` then names the env that raised.
         """
-        cdef list records
         cdef int slot
         while True:
             chan._wait()
             slot = chan._step_slot()
             if slot < 0:
                 return None  # the caller reads it with chan.current_command()
-            records = self.step(slot)
-            if records is None:
-                chan._publish(REPLY_DONE, slot, NO_PAYLOAD)
-            elif self._table(records, slot):
-                if self.schema_dirty:
-                    self.schema_dirty = False
-                    send_header(chan.fd, REPLY_DONE, slot, 0,
-                                pickle.dumps(("schema", self.schema_list), protocol=pickle.HIGHEST_PROTOCOL))
-                    chan._publish(REPLY_DONE, slot, IN_TABLE | HAS_PAYLOAD)
-                else:
-                    chan._publish(REPLY_DONE, slot, IN_TABLE)
+            self._answer(chan, slot)
+
+    def answer(self, WorkerChannel chan, int slot):
+        """Step on the actions in ``slot`` and reply: a step whose command carried a
+        payload (pickled actions), which the worker's Python loop has unpacked."""
+        self._answer(chan, slot)
+
+    cdef int _answer(self, WorkerChannel chan, int slot) except -1:
+        cdef list records = self.step(slot)
+        cdef int j
+        if self.report_pickled is not None:
+            ended = []
+            if self.mode == AUTORESET_SAME_STEP:
+                ended = [j for j in range(self.n_local)
+                         if self.terminated[slot, self.offset + j] or self.truncated[slot, self.offset + j]]
+            chan.reply(REPLY_DONE, slot, self.report_pickled(slot, records, ended))
+        elif records is None:
+            chan._publish(REPLY_DONE, slot, NO_PAYLOAD)
+        elif self._table(records, slot):
+            if self.schema_dirty:
+                self.schema_dirty = False
+                send_header(chan.fd, REPLY_DONE, slot, 0,
+                            pickle.dumps(("schema", self.schema_list), protocol=pickle.HIGHEST_PROTOCOL))
+                chan._publish(REPLY_DONE, slot, IN_TABLE | HAS_PAYLOAD)
             else:
-                chan.reply(REPLY_DONE, slot, self.dump_records(records))
+                chan._publish(REPLY_DONE, slot, IN_TABLE)
+        else:
+            chan.reply(REPLY_DONE, slot, self.dump_records(records))
+        return 0

@@ -1,0 +1,83 @@
+"""Pickled leaves on the move: the rows of object arrays that cross with a command.
+
+A pickled leaf (``fastvec._core.layout``) has an object array ``[num_slots, num_envs]``
+in the parent and in every worker. What one side wrote, the other needs:
+
+- a step's actions, parent -> worker: the step command carries the worker's rows of
+  every pickled action leaf (the fixed-size leaves are in the segment as always);
+- a step's observations, worker -> parent: the reply carries ``("objs", rows, finals,
+  records)``: the worker's rows of every pickled observation leaf, the final
+  observations of same_step episode ends ``[(local env, [value per leaf])]``, and the
+  step's info records (or None) in place of the usual report;
+- a reset's observations: the reply carries ``("objs", [(local env, [value per
+  leaf])], infos)``.
+
+Only spaces with pickled leaves take these paths: the zero-copy step stays as it is.
+"""
+from __future__ import annotations
+
+from .infos import InfoPicklingError
+from .pickling import dumps
+
+TAG = "objs"
+
+
+class PickledRows:
+    """The pickled leaves of one process's ring: ``obs``/``final``/``act`` are the
+    ring's lists of arrays, ``obs_leaves``/``act_leaves`` their ``Leaf`` lists."""
+
+    def __init__(self, obs, final, act, obs_leaves, act_leaves):
+        self.obs = [obs[k] for k, leaf in enumerate(obs_leaves) if leaf.pickled]
+        self.final = [final[k] for k, leaf in enumerate(obs_leaves) if leaf.pickled]
+        self.act = [act[k] for k, leaf in enumerate(act_leaves) if leaf.pickled]
+
+    @classmethod
+    def of(cls, ring, obs_leaves, act_leaves) -> "PickledRows | None":
+        """None when neither space has a pickled leaf."""
+        if not any(leaf.pickled for leaf in obs_leaves + act_leaves):
+            return None
+        return cls(ring.obs, ring.final, ring.act, obs_leaves, act_leaves)
+
+    # ------------------------------------------------------------ actions
+    def action_rows(self, slot: int, a: int, b: int) -> list:
+        """Envs ``[a, b)``'s values of every pickled action leaf in ``slot``."""
+        return [buf[slot, a:b].tolist() for buf in self.act]
+
+    def put_actions(self, slot: int, a: int, rows: list) -> None:
+        for buf, row in zip(self.act, rows):
+            for j, value in enumerate(row):
+                buf[slot, a + j] = value
+
+    # ------------------------------------------------------------ observations (worker)
+    def step_report(self, slot: int, a: int, b: int, records, ended) -> bytes:
+        """A step's reply; ``ended``: local indices whose final observation was kept."""
+        rows = [buf[slot, a:b].tolist() for buf in self.obs]
+        finals = [(j, [buf[slot, a + j] for buf in self.final]) for j in ended]
+        try:
+            return dumps((TAG, rows, finals, records))
+        except Exception as exc:
+            raise InfoPicklingError(f"the observations or infos of this step could not be pickled: {exc}") from exc
+
+    def reset_report(self, slot: int, a: int, js, infos):
+        """What a reset replies (pickled by the caller)."""
+        return (TAG, [(j, [buf[slot, a + j] for buf in self.obs]) for j in js], infos)
+
+    # ------------------------------------------------------------ observations (parent)
+    def take_step(self, slot: int, a: int, report):
+        """Write a step reply's pickled rows; return its records (or None)."""
+        _tag, rows, finals, records = report
+        for buf, row in zip(self.obs, rows):
+            for j, value in enumerate(row):
+                buf[slot, a + j] = value
+        for j, values in finals:
+            for buf, value in zip(self.final, values):
+                buf[slot, a + j] = value
+        return records
+
+    def take_reset(self, slot: int, a: int, reply):
+        """Write a reset reply's pickled rows; return its infos."""
+        _tag, rows, infos = reply
+        for j, values in rows:
+            for buf, value in zip(self.obs, values):
+                buf[slot, a + j] = value
+        return infos
