@@ -319,7 +319,18 @@ class Engine(WorkerReplies, EngineBase):
             timeout = self.step_timeout
         reports, failures = self._collect(workers, timeout, "stepping", slot=slot)
         self._last_slot = prev_slot
+        if not failures and len(reports) < self.num_workers:
+            if all(r is None for r in reports.values()):
+                return StepResult(self, slot)  # no env of these workers had an info
+            if all(r is TABLE_REPORT for r in reports.values()) and self._table.form is not None:
+                # Every info in the table under one schema: the door reads these envs' rows
+                # (StepResult.general() would read every env's: use group_columns instead).
+                return StepResult(self, slot, table=self._table.form)
         return self._finish_step(slot, reports, failures)
+
+    def group_columns(self, workers: np.ndarray, slot: int) -> StepResult:
+        """A batch step's infos read from the table as columns of ``workers``' envs only."""
+        return self._result(slot, dict.fromkeys((int(w) for w in workers), TABLE_REPORT))
 
     def _collect_step(self, slot: int, timeout):
         return self._collect(range(self.num_workers), timeout, "stepping", slot=slot)

@@ -25,6 +25,7 @@ from .._core.actions import ActionWriter
 from .._core.infos import with_quiet_ends
 from .._core.layout import OBJECT, build_nested
 from ..errors import NoPendingCallError, PendingCallError
+from . import _gym_infos
 
 _IDLE, _READY, _SENT = 0, 1, 2  # nothing to recv (returned, not sent) / reset results / a step in flight
 
@@ -182,11 +183,10 @@ class GroupBatches:
                         "`recv` again to get its results).")
             result = eng.group_recv(self.workers[g], slot, self.prev_slot[g])
             self.state[g] = _IDLE
-            records = [(i - a, si, ri) for i, si, ri in result.as_records()]
             rewards = eng.rewards[slot, a:b].copy()
             terminated = eng.terminated[slot, a:b].copy()
             truncated = eng.truncated[slot, a:b].copy()
-            infos = self._infos(records, slot, a, terminated | truncated)
+            infos = self._infos(result, g, slot, terminated | truncated)
         else:
             self.state[g] = _IDLE
             rewards = np.zeros(b - a)
@@ -204,10 +204,24 @@ class GroupBatches:
                            [_rows(buf, slot, a, b, door.copy) for buf in eng.obs_bufs])[0]
         return obs, rewards, terminated, truncated, infos
 
-    def _infos(self, records, slot: int, a: int, ended) -> dict:
+    def _infos(self, result, g: int, slot: int, ended) -> dict:
+        """gymnasium's infos of batch ``g``'s step (its envs numbered from 0)."""
         door = self.door
         eng = door._engine
-        same_step = door.autoreset_mode == AutoresetMode.SAME_STEP
+        a, b = self.groups[g]
+        same_step = door.autoreset_mode == AutoresetMode.SAME_STEP and ended.any()
+        if result.table is not None:
+            if not same_step:  # the common step: this batch's rows of the table, compiled
+                info_i, info_f, mask, schema = result.table
+                rows = slice(slot, slot + 1), slice(a, b)  # one slot's rows: contiguous, as the builder needs
+                infos = _gym_infos.table_vector_infos(info_i[rows], info_f[rows], mask[rows], 0,
+                                                      door._table_cols(schema))
+                if infos is not None:
+                    return infos
+            result = eng.group_columns(self.workers[g], slot)
+        elif not same_step and result.columns is None and not result.records:
+            return {}
+        records = [(i - a, si, ri) for i, si, ri in result.as_records()]
         if same_step:
             records = with_quiet_ends(records, ended)
         add = _Infos(self.size)

@@ -464,17 +464,21 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         every env set every key, else from columns or records."""
         if result.table is not None:
             info_i, info_f, mask, schema = result.table
-            if self._cols_for is not schema:
-                self._cols = [(key, f"_{key}", is_int, vector_dtype(kind, is_int), kind)
-                              for key, kind, is_int in schema]
-                self._cols_for = schema
-            infos = _gym_infos.table_vector_infos(info_i, info_f, mask, result.slot, self._cols)
+            infos = _gym_infos.table_vector_infos(info_i, info_f, mask, result.slot, self._table_cols(schema))
             if infos is not None:
                 return infos
         columns, records = result.general()
         if columns is not None:
             return columns_to_vector_infos(columns, self.num_envs)
         return self._merge_infos(records, result.slot, same_step)
+
+    def _table_cols(self, schema) -> list:
+        """The compiled builder's column spec for an info-table schema (made once per schema)."""
+        if self._cols_for is not schema:
+            self._cols = [(key, f"_{key}", is_int, vector_dtype(kind, is_int), kind)
+                          for key, kind, is_int in schema]
+            self._cols_for = schema
+        return self._cols
 
     def _merge_infos(self, records, slot: int, same_step: bool) -> dict[str, Any]:
         """gymnasium's merge, env by env (nested infos, final observations)."""
