@@ -462,7 +462,10 @@ def test_env_stuck_in_step(door, mode):
 # =========================================================================== main dies
 CHILD_SCRIPT = textwrap.dedent(
     """
-    import json, sys, time
+    import json, signal, sys, time
+    # Ctrl-C as in a terminal, even when this test runs where SIGINT is ignored (a
+    # background job of a non-interactive shell): Python leaves an inherited SIG_IGN alone.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.modules["stable_baselines3"] = None  # SB3 is optional; skipping torch keeps this fast
     import numpy as np
     import gymnasium as gym
