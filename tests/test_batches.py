@@ -204,3 +204,17 @@ def test_recv_timeout_keeps_the_batch_in_flight_and_close_drains():
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_workers_are_chosen_and_checked_so_each_group_has_whole_workers():
+    fns = [RandomEndEnv] * 6
+    with pytest.raises(ValueError, match="divides batch_size"):
+        fastvec.AsyncVectorEnv(fns, batch_size=3, num_workers=4)  # 2 per group would split 3 envs 2+1
+    with fastvec.AsyncVectorEnv(fns, batch_size=3, num_workers=6) as env:
+        env.async_reset(seed=0)
+        assert [int(i) for i in env.recv()[4]["env_id"]] == [0, 1, 2]
+    from fastvec.doors.batches import batch_workers
+
+    assert batch_workers(None, 16, 8, 2) == 2
+    assert batch_workers(None, 6, 3, 4) == 2  # 2 per group would not divide 3: 1 per group
+    assert batch_workers(None, 12, 6, 8) == 6  # 4 per group would not divide 6: 3 per group

@@ -69,9 +69,8 @@ class _PickledCheck:
         return value
 
 
-class _DtypeCheck:
-    """Checks one leaf's batch under the "dtype" rule: numbers, the shape, and that the
-    leaf's dtype holds them exactly (floats round to a float dtype's precision)."""
+class _ArrayCheck:
+    """What both checks of a fixed-size leaf know: where it is, its batch's shape, its dtype."""
 
     pickled = False
 
@@ -80,7 +79,13 @@ class _DtypeCheck:
         self.where = _where(leaf)
         self.shape = (num_envs,) + leaf.shape
         self.dtype = leaf.dtype
-        self.fast = True  # the engine's fused step may take an array that passes _fast_in_bounds
+
+
+class _DtypeCheck(_ArrayCheck):
+    """Checks one leaf's batch under the "dtype" rule: numbers, the shape, and that the
+    leaf's dtype holds them exactly (floats round to a float dtype's precision)."""
+
+    fast = True  # the engine's fused step may take an array that passes _fast_in_bounds
 
     def _fast_in_bounds(self, arr: np.ndarray) -> bool:
         """No bounds here: an array of the leaf's dtype (any float for a float leaf)
@@ -107,16 +112,11 @@ class _DtypeCheck:
         return arr
 
 
-class _LeafCheck:
+class _LeafCheck(_ArrayCheck):
     """Checks one leaf's batch: dtype kind, shape and bounds, precomputed once."""
 
-    pickled = False
-
     def __init__(self, leaf: Leaf, num_envs: int):
-        self.leaf = leaf
-        self.where = _where(leaf)
-        self.shape = (num_envs,) + leaf.shape
-        self.dtype = leaf.dtype
+        super().__init__(leaf, num_envs)
         space = leaf.space
         self.low = self.high = None
         if isinstance(space, spaces.Box) and space.dtype == np.bool_:

@@ -57,15 +57,17 @@ def check_batch_size(batch_size, num_envs: int, batch_mode) -> int:
 
 def batch_workers(num_workers: int | None, num_envs: int, batch_size: int, cores: int) -> int:
     """Workers for ``num_envs / batch_size`` groups: each group needs whole workers of its
-    own, so the count is a multiple of the number of groups (default: the smallest that
-    covers ``min(num_envs, cores)``)."""
+    own with as many envs each, so the count is a multiple of the number of groups whose
+    share divides ``batch_size`` (default: about ``min(num_envs, cores)``)."""
     groups = num_envs // batch_size
     if num_workers is None:
-        per = max(1, -(-min(num_envs, cores) // groups))
-        return groups * min(per, batch_size)
-    if num_workers % groups:
-        raise ValueError(f"num_workers={num_workers} must be a multiple of num_envs / batch_size = {groups}: "
-                         "each batch group runs on workers of its own")
+        want = max(1, -(-min(num_envs, cores) // groups))  # workers per group
+        per = max(d for d in range(1, want + 1) if batch_size % d == 0)
+        return groups * per
+    if num_workers % groups or batch_size % (num_workers // groups):
+        raise ValueError(f"num_workers={num_workers} must be a multiple of num_envs / batch_size = {groups} "
+                         f"whose share per group divides batch_size={batch_size}: each batch group runs on "
+                         "workers of its own, with as many envs each")
     return num_workers
 
 
