@@ -9,6 +9,7 @@
 # in them (gymnasium.vector.AsyncVectorEnv and the module's own name) to
 # fastvec.AsyncVectorEnv; tests/vector runs there with the current python, and the
 # summary goes to OUT_DIR/gym_suite.txt (default benchmarks/results/gym_suite).
+# One SyncVectorEnv test needs Box2D (pip install "gymnasium[box2d]"); without it, it fails.
 set -euo pipefail
 repo=${1:?usage: benchmarks/gym_suite.sh GYMNASIUM_CHECKOUT [OUT_DIR]}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -16,7 +17,9 @@ out=${2:-$here/results/gym_suite}
 mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-git -C "$repo" archive HEAD tests | tar -x -C "$work"
+# (a partial clone may lack blobs outside tests/: git archive says so on stderr)
+git -C "$repo" archive HEAD tests 2>/dev/null | tar -x -C "$work"
+[ -d "$work/tests/vector" ] || { echo "no tests/vector in $repo" >&2; exit 2; }
 cat > "$work/conftest.py" <<'PY'
 # Bind every AsyncVectorEnv in gymnasium's tests to fastvec's.
 import gymnasium.vector
