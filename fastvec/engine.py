@@ -215,10 +215,8 @@ class Engine(WorkerReplies, EngineBase):
 
     # ------------------------------------------------------------------ stepping
     def _dispatch(self, slot: int) -> None:
-        if self._pickled_actions:  # each worker's rows of the pickled action leaves go with it
-            rows = self._pickled
-            self._send_commands(P.CMD_STEP, slot, {w: rows.action_rows(slot, a, b)
-                                                   for w, (a, b) in enumerate(self.groups)})
+        if self._pickled_actions:
+            self._send_pickled_step(range(self.num_workers), slot)
             return
         try:
             self._ctl.issue_all(P.CMD_STEP, slot)
@@ -271,26 +269,16 @@ class Engine(WorkerReplies, EngineBase):
     def group_send(self, workers: np.ndarray, envs: tuple, arrays: list, writer: ActionWriter, slot: int) -> None:
         """Start a step of ``workers`` (the whole workers running envs ``[a, b)``) on
         ``arrays``, the actions of those envs checked by ``writer``, writing into ``slot``."""
+        self._check_step_slot(slot, batches_ok=True)  # closed, broken, a lock-step command in flight
         if self._pending_groups is None:
             self._pending_groups = {}
-        pending, self._pending_groups = self._pending_groups, None
-        try:
-            self._check_step_slot(slot)  # closed, broken, a lock-step command in flight
-        finally:
-            self._pending_groups = pending
+        pending = self._pending_groups
         busy = [int(w) for w in workers if int(w) in pending]
         if busy:
             raise RuntimeError(f"worker {busy[0]} has a step in flight: group_recv it first")
-        a, b = envs
-        for chk, arr, dest in zip(writer.checks, arrays, self.act_bufs):
-            if chk.pickled:
-                for j, value in enumerate(arr):
-                    dest[slot, a + j] = value
-            else:
-                dest[slot, a:b] = arr
+        writer.write(arrays, self.act_bufs, slot, envs[0])
         if self._pickled_actions:
-            rows = self._pickled
-            self._send_commands(P.CMD_STEP, slot, {int(w): rows.action_rows(slot, *self.groups[w]) for w in workers})
+            self._send_pickled_step(workers, slot)
         else:
             for w in workers:
                 try:
@@ -299,6 +287,11 @@ class Engine(WorkerReplies, EngineBase):
                     raise self._fail(int(w), self._sup.death_message(int(w), "receiving a command")) from None
         for w in workers:
             pending[int(w)] = slot
+
+    def _send_pickled_step(self, workers, slot: int) -> None:
+        """A step whose actions have pickled leaves: each worker's rows go with its command."""
+        rows = self._pickled
+        self._send_commands(P.CMD_STEP, slot, {int(w): rows.action_rows(slot, *self.groups[w]) for w in workers})
 
     def group_poll(self, workers: np.ndarray, timeout: float) -> bool:
         """Whether ``workers``' step in flight is done (or failed) within ``timeout``."""

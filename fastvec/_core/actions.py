@@ -229,11 +229,13 @@ class ActionWriter:
             out.append(chk.check(value))
         return out
 
-    def write(self, arrays: list, dest_leaves: list[np.ndarray], slot: int) -> None:
+    def write(self, arrays: list, dest_leaves: list[np.ndarray], slot: int, start: int = 0) -> None:
+        """Write checked ``arrays`` into ``dest_leaves[.][slot]``, from env ``start`` on
+        (a batch's rows; 0 and every env for a whole step)."""
         for chk, arr, dest in zip(self.checks, arrays, dest_leaves):
+            row = dest[slot, start:start + len(arr)]
             if chk.pickled:  # one object per env (a value may itself be a sequence)
-                row = dest[slot]
                 for i, value in enumerate(arr):
                     row[i] = value
             else:
-                dest[slot] = arr
+                row[...] = arr

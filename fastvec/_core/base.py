@@ -87,7 +87,7 @@ class EngineBase:
         self.close()
         return False
 
-    def _check_usable(self) -> None:
+    def _check_usable(self, batches_ok: bool = False) -> None:
         if self._closed:
             raise ClosedError("this vector env is closed")
         if self._broken is not None:
@@ -97,7 +97,7 @@ class EngineBase:
         if self._pending_cmd is not None:
             raise RuntimeError(f"a {self._pending_cmd[0]} is in flight: call {self._pending_cmd[0]}_wait() "
                                "before anything else")
-        if self._pending_groups:
+        if self._pending_groups and not batches_ok:
             raise RuntimeError("batch steps are in flight (group_send): group_recv them before anything else")
 
     # ------------------------------------------------------------------ resets and calls
@@ -120,8 +120,8 @@ class EngineBase:
         pending, self._pending_cmd = self._pending_cmd, None
         return pending
 
-    def _check_step_slot(self, slot: int) -> None:
-        self._check_usable()
+    def _check_step_slot(self, slot: int, batches_ok: bool = False) -> None:
+        self._check_usable(batches_ok)
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot must be in [0, {self.num_slots}), got {slot}")
 

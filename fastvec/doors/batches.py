@@ -226,16 +226,7 @@ class GroupBatches:
         records = [(i - a, si, ri) for i, si, ri in result.as_records()]
         if same_step:
             records = with_quiet_ends(records, ended)
-        add = _Infos(self.size)
-        infos: dict = {}
-        for j, step_info, reset_info in records:
-            if same_step and reset_info is not None:
-                final = eng.final_obs_of(slot, a + j)
-                infos = add._add_info(infos, {"final_obs": final, "final_info": step_info}, j)
-                infos = add._add_info(infos, reset_info, j)
-            else:
-                infos = add._add_info(infos, step_info if step_info is not None else reset_info, j)
-        return infos
+        return door._merge_infos(records, slot, same_step, _Infos(self.size), a)
 
 
 def _rows(buf, slot: int, a: int, b: int, copy: bool):

@@ -480,18 +480,19 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
             self._cols_for = schema
         return self._cols
 
-    def _merge_infos(self, records, slot: int, same_step: bool) -> dict[str, Any]:
-        """gymnasium's merge, env by env (nested infos, final observations)."""
+    def _merge_infos(self, records, slot: int, same_step: bool, into=None, first: int = 0) -> dict[str, Any]:
+        """gymnasium's merge, env by env (nested infos, final observations). ``into``:
+        whose ``_add_info`` sizes the arrays (a batch's, whose env ``j`` in ``records``
+        is env ``first + j``); default this vector env."""
         eng = self._engine
+        add = (self if into is None else into)._add_info
         infos: dict[str, Any] = {}
         for i, step_info, reset_info in records:
             if same_step and reset_info is not None:
-                infos = self._add_info(
-                    infos, {"final_obs": eng.final_obs_of(slot, i), "final_info": step_info}, i
-                )
-                infos = self._add_info(infos, reset_info, i)
+                infos = add(infos, {"final_obs": eng.final_obs_of(slot, first + i), "final_info": step_info}, i)
+                infos = add(infos, reset_info, i)
             else:
-                infos = self._add_info(infos, step_info if step_info is not None else reset_info, i)
+                infos = add(infos, step_info if step_info is not None else reset_info, i)
         return infos
 
     # -------------------------------------------------------------- env access
