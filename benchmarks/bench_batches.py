@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Batches (``batch_size``, groups mode) against lock-step and SyncVectorEnv.
+"""Batches (``batch_size``, groups and ready modes) against lock-step and SyncVectorEnv.
 
     python benchmarks/bench_batches.py --rounds 5 --out benchmarks/results/batches
 
@@ -9,7 +9,9 @@ candidates interleaved over rounds (the order rotates), medians with ranges:
 - ``sync``: gymnasium's SyncVectorEnv over ``--sync-envs`` envs, lock-step;
 - ``lockstep``: fastvec.AsyncVectorEnv over ``--envs`` envs, lock-step ``step``;
 - ``groups``: the same envs with ``batch_size = envs / 2``: ``recv`` one batch, act,
-  ``send``, so one batch steps while the caller acts on the other.
+  ``send``, so one batch steps while the caller acts on the other;
+- ``ready``: the same with ``batch_mode="ready"``: each ``recv`` returns the first
+  workers done (the default workers: one per core here, so a batch is one worker's envs).
 
 ``--policy none`` sends random actions at once (the envs' own speed); ``--policy cnn``
 runs the Nature-CNN of Atari PPO (torch, its default threads) on each batch's
@@ -94,11 +96,12 @@ def run_one(workload, candidate, policy, steps):
     elif candidate == "lockstep":
         env = fastvec.AsyncVectorEnv([fn] * cfg["envs"], copy=False)
     else:
-        env = fastvec.AsyncVectorEnv([fn] * cfg["envs"], batch_size=cfg["envs"] // 2, copy=False)
+        env = fastvec.AsyncVectorEnv([fn] * cfg["envs"], batch_size=cfg["envs"] // 2, copy=False,
+                                     batch_mode=candidate)
     act = _policy(policy, env.single_observation_space, env.single_action_space)
     warm = steps // 10
     try:
-        if candidate == "groups":
+        if candidate in ("groups", "ready"):
             env.async_reset(seed=0)
             done = 0
             t0 = None
@@ -121,7 +124,7 @@ def run_one(workload, candidate, policy, steps):
         return (done - start) / elapsed
     finally:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # groups: the last batches sent are still in flight
+            warnings.simplefilter("ignore")  # batches: the last ones sent are still in flight
             env.close()
 
 
@@ -140,7 +143,7 @@ def main():
         print(json.dumps({"sps": run_one(w, c, pol, int(n))}))
         return
     os.makedirs(args.out, exist_ok=True)
-    cands = ["sync", "lockstep", "groups"]
+    cands = ["sync", "lockstep", "groups", "ready"]
     results: dict = {}
     t_start = time.time()
     for r in range(args.rounds):
@@ -148,7 +151,7 @@ def main():
             for pol_name in args.policies:
                 pol = pol_name if pol_name == "none" else ("cnn" if w == "pong" else "mlp")
                 steps = int(WORKLOADS[w]["steps"] * args.steps_scale)
-                order = cands[r % 3:] + cands[:r % 3]
+                order = cands[r % len(cands):] + cands[:r % len(cands)]
                 for c in order:
                     proc = subprocess.run([sys.executable, __file__, "--one", w, c, pol, str(steps)],
                                           capture_output=True, text=True, timeout=1800)
@@ -165,7 +168,7 @@ def main():
             rows.append({"workload": w, "policy": pol, "candidate": c, "sps": by[c], "ratios": ratios})
     json.dump({"rows": rows, "machine": platform.platform(), "cores": os.cpu_count()},
               open(os.path.join(args.out, "batches.json"), "w"), indent=1)
-    lines = [f"# Batches (groups mode) against lock-step and SyncVectorEnv ({args.rounds} rounds, "
+    lines = [f"# Batches (groups and ready modes) against lock-step and SyncVectorEnv ({args.rounds} rounds, "
              f"{time.time() - t_start:.0f} s)", "",
              f"`python benchmarks/bench_batches.py {' '.join(sys.argv[1:])}` on {platform.platform()}, "
              f"{os.cpu_count()} cores. Env steps/s, median over rounds (min-max); the ratio is to SyncVectorEnv "

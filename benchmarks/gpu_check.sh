@@ -3,13 +3,14 @@
 #
 #   benchmarks/gpu_check.sh [OUT_DIR]      (default benchmarks/results/gpu)
 #
-# 1. the CUDA tests (pinned segment, non-blocking copies, PPO and the CNN on CUDA);
+# 1. the CUDA tests (pinned segment, non-blocking copies, PPO and the CNN on CUDA,
+#    batch groups and the busy fraction on CUDA);
 # 2. the engine's random-action speed on Pong (16 envs, lock-step, copy=False);
 # 3. `fastvec train ALE/Pong-v5 --device cuda` (16 envs, 100k env steps) against it
-#    (goal >= 0.6x), with the GPU's busy fraction sampled by nvidia-smi every 200 ms
-#    while it trains (the trainer's own time/* split is in its TensorBoard run);
-# and writes OUT_DIR/gpu_check.md. The trainer does not use batches yet (issue 15):
-# the "with groups" row of that issue is not measured here.
+#    (goal >= 0.6x), in lock-step and with batch groups (`--set env_groups=2`), the
+#    GPU's busy fraction sampled by nvidia-smi every 200 ms while each trains, beside the
+#    trainer's own figure (CUDA events, `device_busy_fraction`; fastvec.train.busy);
+# and writes OUT_DIR/gpu_check.md.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -27,26 +28,37 @@ gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,nohea
 
 # 1. CUDA tests
 t0=$(date +%s)
-tests=$(timeout 240 $py -m pytest -q -p no:cacheprovider tests/test_ppo.py -k cuda 2>&1 | tail -1)
+tests=$(timeout 150 $py -m pytest -q -p no:cacheprovider tests/test_ppo.py tests/test_train_groups.py -k cuda 2>&1 | tail -1)
 t_tests=$(( $(date +%s) - t0 ))
 
 # 2. random actions, the engine's speed
-random_sps=$(cd /tmp && timeout 120 $py "$here/bench_batches.py" --one pong lockstep none 4000 2>/dev/null | tail -1 |
+random_sps=$(cd /tmp && timeout 60 $py "$here/bench_batches.py" --one pong lockstep none 4000 2>/dev/null | tail -1 |
              $py -c "import json, sys; print(round(json.loads(sys.stdin.read())['sps']))")
 
-# 3. training on CUDA, GPU busy fraction sampled alongside
-nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$out/util.txt" 2>/dev/null &
-smi=$!
-t0=$(date +%s)
-train=$(timeout 300 $py -m fastvec train ALE/Pong-v5 --device cuda --num-envs 16 --total-steps 100000 \
-        --no-progress --checkpoint-every 0 --logdir "$out/pong-run" 2>"$out/train.stderr" | tail -1)
-t_train=$(( $(date +%s) - t0 ))
-kill "$smi" 2>/dev/null
-train_sps=$(echo "$train" | $py -c "import json, sys; print(json.loads(sys.stdin.read())['sps'])" 2>/dev/null || echo "failed")
-busy=$($py -c "
-vals = [float(v) for v in open('$out/util.txt') if v.strip().replace('.', '', 1).isdigit()]
-print(f'{sum(vals) / len(vals):.0f}% (median of {len(vals)} samples: {sorted(vals)[len(vals) // 2]:.0f}%)' if vals else 'n/a')")
-ratio=$($py -c "print(f'{float(\"$train_sps\") / float(\"$random_sps\"):.2f}x')" 2>/dev/null || echo "n/a")
+# 3. training on CUDA, lock-step and groups, GPU busy fraction sampled alongside
+train_row() {  # $1: name, $2: env_groups -> "sps|ratio|nvidia-smi busy|trainer busy|seconds"
+  nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$out/util-$1.txt" 2>/dev/null &
+  local smi=$! t0=$(date +%s)
+  local res
+  res=$(timeout 120 $py -m fastvec train ALE/Pong-v5 --device cuda --num-envs 16 --total-steps 100000 \
+        --no-progress --checkpoint-every 0 --set env_groups="$2" --logdir "$out/pong-$1" \
+        2>"$out/train-$1.stderr" | tail -1)
+  local secs=$(( $(date +%s) - t0 ))
+  kill "$smi" 2>/dev/null
+  echo "$res" | $py -c "
+import json, sys
+vals = [float(v) for v in open('$out/util-$1.txt') if v.strip().replace('.', '', 1).isdigit()]
+smi = f'{sum(vals) / len(vals):.0f}% (median of {len(vals)} samples: {sorted(vals)[len(vals) // 2]:.0f}%)' if vals else 'n/a'
+try:
+    r = json.loads(sys.stdin.read())
+    sps, own = r['sps'], r.get('device_busy_fraction')
+    ratio = f'{sps / float(\"$random_sps\"):.2f}x' if '$random_sps' else 'n/a'
+    print(f'{sps}|{ratio}|{smi}|' + ('n/a' if own is None else f'{100 * own:.0f}%') + '|$secs')
+except Exception:
+    print('failed (see train-$1.stderr)|n/a|' + smi + '|n/a|$secs')"
+}
+IFS='|' read -r lock_sps lock_ratio lock_smi lock_own lock_s <<< "$(train_row lockstep 1)"
+IFS='|' read -r grp_sps grp_ratio grp_smi grp_own grp_s <<< "$(train_row groups 2)"
 
 {
   echo "# GPU check ($(date -u +%Y-%m-%d), $gpu)"
@@ -57,8 +69,10 @@ ratio=$($py -c "print(f'{float(\"$train_sps\") / float(\"$random_sps\"):.2f}x')"
   echo "|---|---|"
   echo "| CUDA tests (\`tests/test_ppo.py -k cuda\`, ${t_tests} s) | $tests |"
   echo "| Pong x16, random actions, lock-step (env steps/s) | $random_sps |"
-  echo "| \`fastvec train ALE/Pong-v5 --device cuda\`, 16 envs, 100k steps (${t_train} s), env steps/s | $train_sps |"
-  echo "| training / random actions (goal >= 0.6x) | $ratio |"
-  echo "| GPU busy while training (nvidia-smi utilization, mean) | $busy |"
-  echo "| GPU busy with batches (groups) | not measured: the trainer does not use batches yet |"
+  echo "| \`fastvec train ALE/Pong-v5 --device cuda\`, 16 envs, 100k steps, lock-step (${lock_s} s), env steps/s | $lock_sps |"
+  echo "| training / random actions (goal >= 0.6x), lock-step | $lock_ratio |"
+  echo "| GPU busy, lock-step: nvidia-smi utilization, mean / the trainer's CUDA events | $lock_smi / $lock_own |"
+  echo "| same with batch groups (\`--set env_groups=2\`, ${grp_s} s), env steps/s | $grp_sps |"
+  echo "| training / random actions, groups | $grp_ratio |"
+  echo "| GPU busy, groups: nvidia-smi / CUDA events | $grp_smi / $grp_own |"
 } | tee "$md"

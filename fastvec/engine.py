@@ -58,6 +58,44 @@ def split_envs(num_envs: int, num_workers: int) -> list[tuple[int, int]]:
     return groups
 
 
+def whole_workers(groups: list[tuple[int, int]], a: int, b: int) -> np.ndarray:
+    """The workers (``groups[w]``: their envs) that run envs ``[a, b)`` and no others."""
+    ws = [w for w, (wa, wb) in enumerate(groups) if a <= wa and wb <= b]
+    if sum(groups[w][1] - groups[w][0] for w in ws) != b - a:
+        raise ValueError(f"envs [{a}, {b}) are not whole workers' envs (workers run {groups})")
+    return np.asarray(ws, dtype=np.intc)
+
+
+def batch_workers(num_workers: int | None, num_envs: int, batch_size: int, cores: int,
+                  mode: str = "groups") -> int:
+    """Workers for batches of ``batch_size`` envs (the gymnasium door's ``batch_size``,
+    the trainer's ``env_groups``). Groups: each of the ``num_envs / batch_size`` groups
+    needs whole workers of its own with as many envs each, so the count is a multiple of
+    the number of groups whose share divides ``batch_size``. Ready: a batch is whole
+    workers' envs, so the count divides ``num_envs`` into shares that divide
+    ``batch_size``. Default: about ``min(num_envs, cores)``."""
+    groups = num_envs // batch_size
+    if mode == "ready":
+        def fits(w):
+            return num_envs % w == 0 and batch_size % (num_envs // w) == 0
+
+        if num_workers is None:  # at least num_envs / batch_size: a batch is not every env
+            return min(w for w in range(max(min(num_envs, cores), groups), num_envs + 1) if fits(w))
+        if not fits(num_workers):
+            raise ValueError(f"num_workers={num_workers} must divide num_envs={num_envs} into shares that divide "
+                             f"batch_size={batch_size}: batch_mode='ready' returns whole workers' envs")
+        return num_workers
+    if num_workers is None:
+        want = max(1, -(-min(num_envs, cores) // groups))  # workers per group
+        per = max(d for d in range(1, want + 1) if batch_size % d == 0)
+        return groups * per
+    if num_workers % groups or batch_size % (num_workers // groups):
+        raise ValueError(f"num_workers={num_workers} must be a multiple of num_envs / batch_size = {groups} "
+                         f"whose share per group divides batch_size={batch_size}: each batch group runs on "
+                         "workers of its own, with as many envs each")
+    return num_workers
+
+
 class Engine(WorkerReplies, EngineBase):
     """Runs ``len(env_fns)`` envs in ``num_workers`` processes over shared memory.
 
@@ -213,6 +251,9 @@ class Engine(WorkerReplies, EngineBase):
         self._broken = message
         return WorkerError(message, worker=w, env_indices=range(*self.groups[w]), **extra)
 
+    def workers_of(self, a: int, b: int) -> np.ndarray:
+        return whole_workers(self.groups, a, b)
+
     # ------------------------------------------------------------------ stepping
     def _dispatch(self, slot: int) -> None:
         if self._pickled_actions:
@@ -268,7 +309,8 @@ class Engine(WorkerReplies, EngineBase):
     # is sent to a batch group's workers only and collected from them only.
     def group_send(self, workers: np.ndarray, envs: tuple, arrays: list, writer: ActionWriter, slot: int) -> None:
         """Start a step of ``workers`` (the whole workers running envs ``[a, b)``) on
-        ``arrays``, the actions of those envs checked by ``writer``, writing into ``slot``."""
+        ``arrays``, the actions of those envs checked by ``writer``, writing into ``slot``;
+        ``arrays=IN_SLOT``: the caller wrote them into the slot already (the trainer)."""
         self._check_step_slot(slot, batches_ok=True)  # closed, broken, a lock-step command in flight
         if self._pending_groups is None:
             self._pending_groups = {}
@@ -276,7 +318,8 @@ class Engine(WorkerReplies, EngineBase):
         busy = [int(w) for w in workers if int(w) in pending]
         if busy:
             raise RuntimeError(f"worker {busy[0]} has a step in flight: group_recv it first")
-        writer.write(arrays, self.act_bufs, slot, envs[0])
+        if arrays is not IN_SLOT:
+            writer.write(arrays, self.act_bufs, slot, envs[0])
         if self._pickled_actions:
             self._send_pickled_step(workers, slot)
         else:
@@ -297,6 +340,19 @@ class Engine(WorkerReplies, EngineBase):
         """Whether ``workers``' step in flight is done (or failed) within ``timeout``."""
         status, _w = self._ctl.wait(workers, max(0.0, timeout))
         return status != 1
+
+    def group_ready(self, workers: np.ndarray, timeout: float | None) -> list[int]:
+        """Those of ``workers`` (each with a step in flight) that are done, or failed:
+        at least one unless ``timeout`` seconds (None: no limit) pass first. The first
+        to finish rings (``Controller.wait_any``); ``group_recv`` then reads each."""
+        done = [int(w) for w in workers if self._ctl.is_done(int(w))]
+        if done or timeout == 0:
+            return done
+        status, w = self._ctl.wait_any(workers, -1.0 if timeout is None else float(timeout))
+        done = [int(v) for v in workers if self._ctl.is_done(int(v))]
+        if status in (2, 3) and w not in done:
+            done.append(int(w))  # dead or garbled: group_recv reports (or restarts) it
+        return done
 
     def group_recv(self, workers: np.ndarray, slot: int, prev_slot: int, timeout: float | None = ...) -> StepResult:
         """Finish the step ``group_send`` started on ``workers``: its ``StepResult``

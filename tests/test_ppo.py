@@ -91,6 +91,52 @@ def test_policy_box_actions_gaussian_clipped():
     assert torch.allclose(ent, torch.full((64,), float(ref.entropy()[0].sum() + 3.0)), atol=1e-5)
 
 
+@pytest.mark.parametrize("act_space, norm, activation", [
+    (spaces.Box(-0.5, 0.5, (3,), np.float32), True, "tanh"),
+    (spaces.Box(-np.inf, np.inf, (2,), np.float32), False, "relu"),
+    (spaces.Discrete(4), True, "tanh"),
+    (spaces.Discrete(3), False, "relu"),
+])
+def test_numpy_acting_matches_torch(act_space, norm, activation):
+    """Small MLPs act in numpy on the CPU (``ActorCritic._act_np``): the same actions as
+    the torch forward (up to float rounding), before and after the parameters and the
+    observation normaliser change in place, and after ``flatten_parameters``."""
+    from fastvec.train.ppo import flatten_parameters
+
+    torch.manual_seed(0)
+    obs_space = spaces.Box(-np.inf, np.inf, (7,), np.float64)
+    pol = make_policy(obs_space, act_space, activation=activation, normalize_obs=norm, log_std_init=0.5)
+    gaussian = isinstance(pol.dist, GaussianDist)
+    shape, dtype = ((act_space.shape, torch.float32) if gaussian else ((), torch.int64))
+
+    def both(obs):
+        noise = pol.dist.sample_noise(torch.empty(pol.dist.noise_shape(len(obs))))
+        got, want = torch.empty((len(obs), *shape), dtype=dtype), torch.empty((len(obs), *shape), dtype=dtype)
+        raw_got = torch.empty(len(obs), pol.dist.dim) if gaussian else None
+        raw_want = torch.empty(len(obs), pol.dist.dim) if gaussian else None
+        with torch.inference_mode():
+            pol.act_(obs, noise, got, raw_got)
+            pol.dist.act_(pol.actor_params(obs), noise, want, raw_want)
+        return got, want, raw_got, raw_want
+
+    for step in range(3):
+        obs = torch.randn(6, 7, dtype=torch.float64) * 3
+        assert pol._np_actor(), "the numpy path applies to this policy"
+        got, want, raw_got, raw_want = both(obs)
+        if gaussian:
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(raw_got.numpy(), raw_want.numpy(), rtol=1e-5, atol=1e-6)
+        else:
+            assert torch.equal(got, want)
+        with torch.no_grad():  # what an update and a normaliser update do: in place
+            for p in pol.parameters():
+                p.add_(torch.randn_like(p) * 0.3)
+        if norm:
+            pol.update_obs_norm(torch.randn(50, 7, dtype=torch.float64) * 2 + 1)
+        if step == 0:
+            flatten_parameters(pol)  # the parameters move into one flat tensor: views made again
+
+
 def test_gaussian_log_prob_matches_torch_distributions():
     pol = make_policy(spaces.Box(-1, 1, (4,), np.float32), spaces.Box(-1, 1, (2,), np.float32), log_std_init=-0.3)
     obs = torch.randn(10, 4)

@@ -22,7 +22,7 @@ from ..errors import NoPendingCallError, PendingCallError
 from ..options import EngineOptions
 from . import _gym_infos
 from .base import EngineDoor
-from .batches import GroupBatches, batch_workers, check_batch_size
+from .batches import GroupBatches, check_batch_size
 from .threads import TorchThreads
 
 _MODES = {
@@ -156,14 +156,16 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         gymnasium's, a TypeError.
 
     batch_size : int, optional
-        EnvPool's asynchronous API (``async_reset``, ``send``, ``recv``): the envs form
-        ``num_envs / batch_size`` fixed groups of contiguous envs, each on workers of its
-        own (``num_workers`` must be a multiple of the number of groups); ``recv``
-        returns the next group's results in turn while the others step
-        (``fastvec.doors.batches``). Default: one group of every env. ``step`` and
-        ``reset`` stay lock-step over every env.
-    batch_mode : "groups"
-        The only mode so far (EnvPool's "first M envs to finish" is not built).
+        EnvPool's asynchronous API (``async_reset``, ``send``, ``recv``): ``recv``
+        returns the results of ``batch_size`` envs while the others step
+        (``fastvec.doors.batches``). Default: every env. ``step`` and ``reset`` stay
+        lock-step over every env.
+    batch_mode : "groups" (default) or "ready"
+        "groups": ``num_envs / batch_size`` fixed groups of contiguous envs, each on
+        workers of its own (``num_workers`` a multiple of the number of groups),
+        returned in turn, zero-copy with ``copy=False``. "ready": EnvPool's first envs
+        to finish, at the grain of a worker (``num_workers`` divides ``num_envs`` into
+        workers whose share divides ``batch_size``); its batches are always copies.
 
     Spaces without a fixed size (Graph, Sequence, Text, OneOf, custom ``Space``
     subclasses, also inside Dict and Tuple) are carried pickled, per leaf, beside the
@@ -241,11 +243,12 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
                 raise ValueError(f"num_workers={num_workers} exceeds max_concurrency={max_concurrency}")
         batch = None
         if batch_size is not None or batch_mode != "groups":
+            from ..engine import batch_workers
             from ..options import available_cores, check_env_fns
 
             env_fns = check_env_fns(env_fns)
             batch = check_batch_size(len(env_fns) if batch_size is None else batch_size, len(env_fns), batch_mode)
-            num_workers = batch_workers(num_workers, len(env_fns), batch, available_cores())
+            num_workers = batch_workers(num_workers, len(env_fns), batch, available_cores(), batch_mode)
         self.shared_memory = shared_memory
         self.daemon = daemon
         self.observation_mode = observation_mode
@@ -277,7 +280,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         try:
             self.observation_space, self.single_observation_space = _observation_spaces(
                 observation_mode, obs_spaces, eng)
-            self._batches = GroupBatches(self, eng.num_envs if batch is None else batch)
+            self._batches = GroupBatches(self, eng.num_envs if batch is None else batch, batch_mode)
             self.batch_size, self.batch_mode = self._batches.size, batch_mode
         except BaseException:
             self._close_door()
@@ -300,19 +303,21 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
 
     # -------------------------------------------------------------- batches (EnvPool's API)
     def async_reset(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
-        """Reset every env and start batch mode: each ``recv`` returns the next
-        ``batch_size`` envs' results in turn (first their reset observations), each
-        ``send`` starts those envs' next step (``fastvec.doors.batches``)."""
+        """Reset every env and start batch mode: each ``recv`` returns ``batch_size``
+        envs' results (first their reset observations; groups: the next group in turn,
+        ready: the first done), each ``send`` starts those envs' next step
+        (``fastvec.doors.batches``)."""
         self._batches.async_reset(seed, options)
 
     def send(self, actions, env_ids=None) -> None:
         """Start the next step of a batch ``recv`` returned (``env_ids``: its
-        ``infos["env_id"]``; None: the last one); returns at once."""
+        ``infos["env_id"]``, or in ready mode any ``batch_size`` envs of whole workers
+        returned and not sent; None: the last batch); returns at once."""
         self._batches.send(actions, env_ids)
 
     def recv(self, timeout: float | None = None):
-        """``(obs, rewards, terminated, truncated, infos)`` of the next batch, in turn;
-        ``infos["env_id"]`` names its envs. With ``timeout`` (seconds):
+        """``(obs, rewards, terminated, truncated, infos)`` of the next batch (groups: in
+        turn; ready: the first envs done); ``infos["env_id"]`` names its envs. With ``timeout`` (seconds):
         ``multiprocessing.TimeoutError`` if it is not done by then, the step still in flight."""
         return self._batches.recv(timeout)
 
@@ -480,19 +485,22 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
             self._cols_for = schema
         return self._cols
 
-    def _merge_infos(self, records, slot: int, same_step: bool, into=None, first: int = 0) -> dict[str, Any]:
+    def _merge_infos(self, records, slot: int, same_step: bool, into=None, first: int = 0, infos=None,
+                     offset: int = 0) -> dict[str, Any]:
         """gymnasium's merge, env by env (nested infos, final observations). ``into``:
         whose ``_add_info`` sizes the arrays (a batch's, whose env ``j`` in ``records``
-        is env ``first + j``); default this vector env."""
+        is env ``first + j`` at position ``offset + j``, added to ``infos``); default
+        this vector env."""
         eng = self._engine
         add = (self if into is None else into)._add_info
-        infos: dict[str, Any] = {}
+        infos = {} if infos is None else infos
         for i, step_info, reset_info in records:
             if same_step and reset_info is not None:
-                infos = add(infos, {"final_obs": eng.final_obs_of(slot, first + i), "final_info": step_info}, i)
-                infos = add(infos, reset_info, i)
+                infos = add(infos, {"final_obs": eng.final_obs_of(slot, first + i), "final_info": step_info},
+                            offset + i)
+                infos = add(infos, reset_info, offset + i)
             else:
-                infos = add(infos, step_info if step_info is not None else reset_info, i)
+                infos = add(infos, step_info if step_info is not None else reset_info, offset + i)
         return infos
 
     # -------------------------------------------------------------- env access

@@ -105,6 +105,11 @@ def build_config(env_id: str, args):
         # a preset's worker count must not block a smaller --num-envs
         if args.num_workers is None and not any(o.startswith("num_workers") for o in args.overrides):
             cfg.num_workers = None
+    g, w = cfg.env_groups, cfg.num_workers
+    if g > 1 and not any(o.startswith("env_groups") for o in args.overrides) and (
+            cfg.num_envs % g or getattr(args, "backend", "engine") != "engine"
+            or (w is not None and (w % g or (cfg.num_envs // g) % (w // g)))):
+        cfg.env_groups = 1  # nor may a preset's batch groups block --num-envs, --num-workers or Ray
     return cfg.validate()
 
 
@@ -269,10 +274,14 @@ def build_storage(env_id, cfg, *, venv=None, env_kwargs=None, backend: str = "en
     or in Ray actors (``"ray"``: the cluster at ``ray_address``, default a local Ray
     instance on 127.0.0.1; ``ray_actors`` actors, default one per node;
     ``cfg.num_workers`` worker processes per actor)."""
+    from .config import ConfigError
     from .presets import env_factory
     from .storage import EngineStorage, storage_for
 
     slots = cfg.n_steps + 1
+    if cfg.env_groups > 1 and (venv is not None or backend != "engine"):
+        raise ConfigError(f"env_groups={cfg.env_groups} needs the engine backend: "
+                          f"{'a vector env of your own' if venv is not None else 'Ray'} steps every env in lock-step")
     if venv is not None:
         return storage_for(venv, slots, pin=pin)
     fns = [env_factory(env_id, env_kwargs)] * cfg.num_envs
@@ -283,11 +292,20 @@ def build_storage(env_id, cfg, *, venv=None, env_kwargs=None, backend: str = "en
                            num_actors=ray_actors, workers_per_actor=cfg.num_workers, spin_us=cfg.spin_us,
                            restart_on_error=cfg.restart_on_error)
         return EngineStorage(engine, kind="fastvec-ray")
-    from ..engine import Engine
+    from ..engine import Engine, batch_workers
+    from ..options import available_cores
 
-    engine = Engine(fns, num_workers=cfg.num_workers, num_slots=slots, autoreset_mode="same_step",
+    workers = cfg.num_workers
+    if cfg.env_groups > 1:
+        try:
+            workers = batch_workers(workers, cfg.num_envs, cfg.num_envs // cfg.env_groups, available_cores())
+        except ValueError:
+            raise ConfigError(f"num_workers={workers} must be a multiple of env_groups={cfg.env_groups} whose "
+                              f"share per group divides {cfg.num_envs // cfg.env_groups} (the envs of a group): "
+                              "each group steps on workers of its own, with as many envs each") from None
+    engine = Engine(fns, num_workers=workers, num_slots=slots, autoreset_mode="same_step",
                     context=cfg.context, spin_us=cfg.spin_us, restart_on_error=cfg.restart_on_error)
-    return EngineStorage(engine)
+    return EngineStorage(engine, groups=cfg.env_groups)
 
 
 def run_training(env_id: str | None = None, config=None, *, venv=None, env_kwargs: dict | None = None,

@@ -33,6 +33,10 @@ class PPOConfig:
     """Start method of the engine's workers (fork starts in milliseconds; see the CLI)."""
     spin_us: float | None = None
     """How long an idle worker busy-waits before sleeping, in microseconds (None: the engine's default)."""
+    env_groups: int = 1
+    """Groups of envs stepping in turn: while one group steps in its workers, the policy
+    acts on another (1: every env in lock-step). Must divide ``num_envs``; each group gets
+    whole workers (``num_workers`` a multiple of it); the engine backend only."""
     # ---- optimisation
     lr: float = 3e-4
     """Adam's learning rate."""
@@ -114,8 +118,10 @@ class PPOConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
 
         for name in ("num_envs", "n_steps", "total_steps", "n_epochs", "minibatch_size", "return_window",
-                     "keep_checkpoints", "max_restarts", "restart_window"):
+                     "keep_checkpoints", "max_restarts", "restart_window", "env_groups"):
             pos_int(name)
+        if self.num_envs % self.env_groups:
+            raise ConfigError(f"env_groups={self.env_groups} must divide num_envs={self.num_envs}")
         for name in ("num_workers", "torch_threads", "learn_threads"):
             if getattr(self, name) is not None:
                 pos_int(name)
@@ -270,7 +276,7 @@ def apply_overrides(cfg: PPOConfig, items) -> PPOConfig:
 # results equal only up to floating-point rounding.
 SAFE_ON_RESUME = frozenset({
     "total_steps", "stop_at_return", "solve_return", "device", "torch_threads", "learn_threads",
-    "num_workers", "context", "spin_us", "log_every_s", "checkpoint_every", "keep_checkpoints",
+    "num_workers", "context", "spin_us", "env_groups", "log_every_s", "checkpoint_every", "keep_checkpoints",
     "restart_on_error", "max_restarts", "restart_window",
 })
 

@@ -147,6 +147,9 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
                        unit_scale=True, file=sys.stderr, mininterval=0.5, dynamic_ncols=True,
                        desc=env_id or "train", leave=False)
         last_log_t, last_log_steps, last_learn = t_ready, ppo.env_steps, ppo.t_learn
+        busy = ppo.busy
+        busy.start()
+        last_compute = ppo.t_act + ppo.t_prep + ppo.t_learn
         last_samples = getattr(ppo, "_learn_samples", 0)
         pids = storage.worker_pids
         ro = ppo.rollout
@@ -197,6 +200,7 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
                                            / max(ppo.t_learn - last_learn, 1e-9)),
                     "time/act_s": ppo.t_act, "time/env_s": ppo.t_env,
                     "time/prepare_s": ppo.t_prep, "time/learn_s": ppo.t_learn,
+                    "time/wall_s": wall_before + now - t_start,
                     "health/step_latency_us": ppo.last_env_latency * 1e6,
                     "health/act_latency_us": ppo.last_act_latency * 1e6,
                     "health/restarts": restarts.total + len(storage.restarts) - restarts.seen,
@@ -206,6 +210,11 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
                     h = worker_health(storage.worker_pids)
                     scal["health/workers_alive"] = h.get("workers_alive")
                     scal["health/workers_rss_mb"] = h.get("workers_rss_bytes", 0) / 2**20
+                compute = ppo.t_act + ppo.t_prep + ppo.t_learn
+                scal["device/busy_fraction"] = busy.take(compute - last_compute)
+                last_compute = compute
+                if (util := busy.nvml()) is not None:
+                    scal["device/nvml_util"] = util
                 rss = process_rss()
                 if rss:
                     scal["health/main_rss_mb"] = rss["main"] / 2**20
@@ -217,6 +226,7 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
                 last_learn, last_samples = ppo.t_learn, ppo._learn_samples
         phase = "end"
         restarts.check(ppo.env_steps)  # counted, not limited: the run is over
+        busy.take(ppo.t_act + ppo.t_prep + ppo.t_learn - last_compute)
     except BaseException as exc:
         # The envs failed (or too many restarts): the learner's state of the last safe
         # point is whole, so keep it. Not after a second Ctrl-C: that one means now.
@@ -235,6 +245,8 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
             bar.close()
         if pin is not None:
             pin.release()
+        if ppo is not None:
+            ppo.busy.close()
         storage.close()
     wall = wall_before + time.perf_counter() - t_start
     final_mean = ppo.tracker.mean()
@@ -253,6 +265,7 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
         "seed": cfg.seed,
         "num_envs": ppo.N,
         "num_workers": getattr(storage, "num_workers", None),
+        "env_groups": len(getattr(storage, "groups", None) or [None]),
         "backend": storage.kind,
         "device": str(device),
         "policy": describe_policy(ppo.policy),
@@ -261,6 +274,8 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
         "time_breakdown": {"act": round(ppo.t_act, 4), "env": round(ppo.t_env, 4),
                            "prepare": round(ppo.t_prep, 4), "learn": round(ppo.t_learn, 4)},
         "learner_sps": round(getattr(ppo, "_learn_samples", 0) / ppo.t_learn, 1) if ppo.t_learn else None,
+        # this process's share of wall time with the learner's device computing (fastvec.train.busy)
+        "device_busy_fraction": None if ppo.busy.fraction is None else round(ppo.busy.fraction, 4),
         "restarts": restarts.total,
         "interrupted": interrupted,
         "resumed": resume is not None or bool(state.get("resumed")),

@@ -5,7 +5,9 @@ A run directory holds:
 - ``events.out.tfevents.*``: TensorBoard scalars and histograms
   (``charts/*``: returns, episode lengths, SPS; ``losses/*``: policy/value/entropy
   losses, approx KL, clip fraction, explained variance; ``health/*``: workers alive,
-  step latency, process memory; ``time/*``: where the wall time goes);
+  step latency, process memory; ``time/*``: where the wall time goes (acting, waiting
+  for the envs, targets, learning, the wall clock); ``device/*``: the learner device's
+  busy fraction, and NVML's utilisation on CUDA with nvidia-ml-py, ``fastvec.train.busy``);
 - ``metrics.jsonl``: one JSON object per logging point (same scalars);
 - ``learning_curve.png``: mean episode return against env steps (matplotlib, Agg);
 - ``checkpoint.pt``: written by the trainer (see ``fastvec.train.checkpoints``).

@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from ..gae import gae
 from ..options import available_cores
+from .busy import DeviceBusy
 from .config import ConfigError, PPOConfig
 from .monitor import thin
 from .policies import ActorCritic, GaussianDist, is_image_space, make_policy
@@ -262,6 +263,7 @@ class PPO:
         self.opt = FlatAdam(self.flat_param, cfg.lr, cfg.adam_eps)
         self.T, self.N = cfg.n_steps, storage.num_envs
         self.rollout = Rollout(storage, self.policy, self.T, device)
+        self._group_views = self._views_by_group()
         self.tracker = _EpisodeTracker(self.N, cfg.return_window)
         self.reward_scaler = _RewardScaler(self.N, cfg.gamma) if cfg.normalize_reward else None
         self.env_steps = 0
@@ -269,6 +271,7 @@ class PPO:
         self.curve: list[tuple[int, float]] = []
         self.stats: dict = {}
         self.t_act = self.t_env = self.t_learn = self.t_prep = 0.0
+        self.busy = DeviceBusy(device)
         self._batch = self.T * self.N
         self.num_updates = max(1, cfg.total_steps // self._batch)
 
@@ -334,12 +337,17 @@ class PPO:
         t_act = t_env = 0.0
         with torch.inference_mode():
             self.policy.dist.sample_noise(ro.noise)
-            if ro.cuda:
+            if self._group_views is not None:
+                t_act, t_env = self._collect_groups()
+            elif ro.cuda:
                 obs_h, act_h = ro.obs_host_slots, ro.act_host_slots
+                begin, end = self.busy.begin, self.busy.end
                 for t in range(T):
                     t0 = perf()
+                    span = begin()
                     obs_s[t].copy_(obs_h[t], non_blocking=True)
                     policy_act(obs_s[t], noise_s[t], act_s[t + 1], raw_s[t], logp_s[t], val_s[t])
+                    end(span)
                     act_h[t + 1].copy_(act_s[t + 1])  # synchronous: the env needs it now
                     t1 = perf()
                     step(t + 1)
@@ -367,11 +375,68 @@ class PPO:
             self.curve.append((self.env_steps, tr.mean()))
             thin(self.curve)  # bounded, however long the run
 
+    def _views_by_group(self):
+        """Per group, per step t: the rows of that group's envs in what acting reads
+        and writes at t (made once: no slicing in the hot loop); None in lock-step."""
+        groups = getattr(self.storage, "groups", None)
+        if groups is None or len(groups) < 2:
+            return None
+        ro = self.rollout
+
+        def rows(seq, t, a, b):
+            return None if seq[t] is None else seq[t][a:b]
+
+        return [[(rows(ro.obs_slots, t, a, b), rows(ro.obs_host_slots, t, a, b), rows(ro.noise_slots, t, a, b),
+                  rows(ro.act_slots, t + 1, a, b), rows(ro.act_host_slots, t + 1, a, b),
+                  rows(ro.raw_slots, t, a, b), rows(ro.logp_slots, t, a, b), rows(ro.value_slots, t, a, b))
+                 for t in range(self.T)] for a, b in groups]
+
+    def _collect_groups(self) -> tuple[float, float]:
+        """The rollout with batch groups: group g's step t is in flight while the
+        policy acts on the other groups' observations of step t, so acting and the
+        envs overlap. Every env sees the same actions as in lock-step (the noise is
+        drawn per rollout): results differ only by floating-point rounding of the
+        smaller batches. A failure leaves other groups in flight: the engine's close
+        collects them."""
+        ro, T, sto = self.rollout, self.T, self.storage
+        policy_act, send, recv = self.policy.act_, sto.send, sto.recv
+        views, cuda = self._group_views, ro.cuda
+        begin, end = self.busy.begin, self.busy.end
+        perf = time.perf_counter
+        t_act = t_env = 0.0
+        for t in range(T):
+            for g, by_step in enumerate(views):
+                t0 = perf()
+                if t:
+                    recv(g, t)
+                t1 = perf()
+                obs, obs_h, noise, act, act_h, raw, logp, val = by_step[t]
+                if cuda:
+                    span = begin()
+                    obs.copy_(obs_h, non_blocking=True)
+                policy_act(obs, noise, act, raw, logp, val)
+                if cuda:
+                    end(span)
+                    act_h.copy_(act)  # synchronous: the env needs it now
+                t2 = perf()
+                send(g, t + 1)
+                t3 = perf()
+                t_env += (t1 - t0) + (t3 - t2)
+                t_act += t2 - t1
+        t0 = perf()
+        for g in range(len(views)):
+            recv(g, T)
+        t_env += perf() - t0
+        if cuda:
+            ro.obs_slots[T].copy_(ro.obs_host_slots[T], non_blocking=True)
+        return t_act, t_env
+
     # ------------------------------------------------------------------ targets
     @torch.no_grad()
     def prepare(self) -> None:
         """Values, old log-probs, truncation bootstrap and GAE for the rollout."""
         t0 = time.perf_counter()
+        span = self.busy.begin()
         cfg, ro, b, T, N = self.cfg, self.rollout, self.storage, self.T, self.N
         pol = self.policy
         self._set_threads(self.learn_threads)
@@ -402,6 +467,7 @@ class PPO:
         if ro.cuda:
             ro.adv.copy_(torch.from_numpy(ro.adv_np), non_blocking=True)
             ro.ret.copy_(torch.from_numpy(ro.ret_np), non_blocking=True)
+        self.busy.end(span)
         self.t_prep += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ learning
@@ -416,6 +482,7 @@ class PPO:
         ``target_kl`` needs them.
         """
         t0 = time.perf_counter()
+        span = self.busy.begin()
         cfg, ro, pol = self.cfg, self.rollout, self.policy
         self._set_threads(self.learn_threads)
         frac = max(1.0 - self.updates / self.num_updates, 0.0)
@@ -496,6 +563,7 @@ class PPO:
             if stop:
                 break
         self.updates += 1
+        self.busy.end(span)
         if ro.cuda:
             torch.cuda.synchronize()
         self.t_learn += time.perf_counter() - t0

@@ -19,7 +19,10 @@ Where the numbers come from:
 - ALE/*-v5 (Pong): CleanRL's ``ppo_atari`` (8 envs, n_steps 128, 4 epochs, 4
   minibatches, lr 2.5e-4 annealed, clip 0.1, ent 0.01), with ``frameskip=1,
   repeat_action_probability=0`` and ``AtariPreprocessing(frame_skip=4, screen_size=84,
-  grayscale_obs=True, noop_max=30)`` + ``FrameStackObservation(4)``.
+  grayscale_obs=True, noop_max=30)`` + ``FrameStackObservation(4)``; two batch groups
+  (``env_groups=2``: the CNN acts on one while the other steps; 1.04x lock-step's wall
+  time here, ``benchmarks/results/train_groups``; MLP presets stay in lock-step, where
+  groups were slower: 0.89x on HalfCheetah).
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ PRESETS: dict[str, dict] = {
     "ALE/Pong-v5": dict(
         num_envs=8, n_steps=128, n_epochs=4, minibatch_size=256, lr=2.5e-4, gamma=0.99,
         gae_lambda=0.95, clip_coef=0.1, clip_vf=0.1, ent_coef=0.01, vf_coef=0.5,
-        max_grad_norm=0.5, total_steps=10_000_000, solve_return=18.0,
+        max_grad_norm=0.5, total_steps=10_000_000, solve_return=18.0, env_groups=2,
     ),
 }
 # Every other ALE id gets the Atari defaults (Pong's preset without its threshold).

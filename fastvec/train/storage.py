@@ -44,7 +44,7 @@ class EngineStorage:
     ``autoreset_mode="same_step"``. Closing the storage closes the engine (it also does
     when the spaces do not suit the trainer)."""
 
-    def __init__(self, engine, kind: str = "fastvec"):
+    def __init__(self, engine, kind: str = "fastvec", groups: int = 1):
         self.kind = kind
         self.engine = eng = engine
         try:
@@ -53,6 +53,7 @@ class EngineStorage:
             if eng.autoreset_mode != "same_step":
                 raise ValueError(f"the PPO trainer needs an engine with autoreset_mode='same_step', "
                                  f"got {eng.autoreset_mode!r}")
+            self.groups, self._group_workers = self._batch_groups(groups)
         except ValueError:
             eng.close()
             raise
@@ -91,10 +92,37 @@ class EngineStorage:
     def step(self, slot: int) -> None:
         self._step_async(IN_SLOT, slot)  # the policy wrote the actions into the slot
         self._step_wait()
+        self._after_step()
+
+    def _after_step(self) -> None:
         if len(self.engine.restarts) != self._restarts_seen:
             self._restarts_seen = len(self.engine.restarts)
             if self.on_restart is not None:
                 self.on_restart()
+
+    # Batch groups (``PPOConfig.env_groups``): ``groups`` lists each group's envs
+    # ``(a, b)``; ``send(g, slot)`` starts group g's step on the actions the policy wrote
+    # into ``act[slot, a:b]`` and returns at once, ``recv(g, slot)`` waits for it. The
+    # results land in the same ``[T + 1, N]`` arrays as a lock-step ``step(slot)``'s.
+    def _batch_groups(self, groups: int):
+        n = self.engine.num_envs
+        if groups == 1:
+            return [(0, n)], None
+        if not hasattr(self.engine, "group_send"):
+            raise ValueError(f"env_groups={groups} needs the engine backend ({type(self.engine).__name__} "
+                             "steps every env in lock-step)")
+        if n % groups:
+            raise ValueError(f"env_groups={groups} must divide num_envs={n}")
+        size = n // groups
+        envs = [(a, a + size) for a in range(0, n, size)]
+        return envs, [self.engine.workers_of(a, b) for a, b in envs]
+
+    def send(self, g: int, slot: int) -> None:
+        self.engine.group_send(self._group_workers[g], self.groups[g], IN_SLOT, None, slot)
+
+    def recv(self, g: int, slot: int) -> None:
+        self.engine.group_recv(self._group_workers[g], slot, slot - 1)
+        self._after_step()
 
     def close(self) -> None:
         self.engine.close()

@@ -182,12 +182,14 @@ def recv_payload(int fd, Py_ssize_t n):
 # Only the *last* worker the parent waits for rings it: the parent marks the workers it
 # waits on (``waited``) before it sleeps, and a worker that finishes while the parent
 # sleeps sends WAKE only if every marked worker is done. One wake-up per step instead
-# of one per worker: on a 2-core VM each costs ~40 us of a core the envs need.
+# of one per worker: on a 2-core VM each costs ~40 us of a core the envs need. A wait
+# for *any* of them (``wait_any``: batches of the first workers to finish) sets
+# ``main_any``; then the first marked worker to finish rings.
 #
 # Control block: int64[num_workers + 1, 16]; per worker one cache line written by the
 # parent [cmd_seq, cmd, slot, arg, waited, issued_ns] and one written by the worker
 # [done_seq, reply, reply_slot, reply_arg, sleeping, published_ns]; the last row holds
-# main_sleeping. The two clock readings (CLOCK_MONOTONIC, the same in every process)
+# main_sleeping and main_any. The two clock readings (CLOCK_MONOTONIC, the same in every process)
 # let each side time the other without its own wake-up in the measurement.
 # ---------------------------------------------------------------------------
 cdef extern from *:
@@ -324,6 +326,10 @@ cdef inline long long fc_nap_end(Forecast *f, long long target, long long margin
 
 # Columns of a worker's control-block row: a parent-written cache line, then a
 # worker-written one.
+cdef enum:  # the last row's
+    M_SLEEPING = 0
+    M_ANY = 1
+
 cdef enum:
     C_CMD_SEQ = 0
     C_CMD = 1
@@ -478,11 +484,12 @@ cdef class Controller:
             sched_yield()
         return False
 
-    cdef tuple _sleep(self, int[::1] workers, long long deadline, long long nap_until):
+    cdef tuple _sleep(self, int[::1] workers, long long deadline, long long nap_until, bint any_done=False):
         """Sleep on the sockets of the workers still busy until one of them writes or
         ``deadline`` (< 0: none) passes, and read what came. ``nap_until`` >= 0: return
         by then at the latest. Returns None while workers are busy (the caller decides
-        what next), else ``wait``'s answer."""
+        what next), else ``wait``'s answer; ``any_done``: ``(0, -1)`` as soon as one
+        worker is done."""
         cdef Py_ssize_t m = workers.shape[0], k
         cdef int w, r, pending
         cdef long long now, timeout_ns, until
@@ -502,7 +509,7 @@ cdef class Controller:
                 pending += 1
             pfds[k].events = POLLIN
             pfds[k].revents = 0
-        if pending == 0:
+        if pending == 0 or (any_done and pending < m):
             fv_store(main_sleeping, 0)
             return 0, -1
         now = fv_now_ns()
@@ -600,6 +607,52 @@ cdef class Controller:
         if self.adaptive and t_issue > 0:
             self._learn(workers, t_issue)
         return 0, -1
+
+    def wait_any(self, int[::1] workers, double timeout):
+        """Wait until at least one worker in ``workers`` has answered its last command
+        (``is_done`` tells which). Returns ``wait``'s answers: ``(0, -1)`` when one did,
+        ``(1, w)`` on timeout, ``(2, w)`` when w died, ``(3, w)`` when w sent garbage.
+        Spins ``spin_us`` (or the first spin of learned waits), then sleeps until the
+        first marked worker rings; nothing is learned (batches come in any order)."""
+        cdef long long t0 = fv_now_ns()
+        cdef long long deadline = t0 + <long long>(timeout * 1e9) if timeout >= 0 else -1
+        cdef long long *main = self.row(self.n)
+        cdef long long until = t0 + self.spin_ns
+        cdef long long now
+        cdef int w
+        cdef bint none_done = True
+        for w in range(self.n):
+            fv_store(&self.row(w)[C_WAITED], 0)
+        for w in range(workers.shape[0]):
+            fv_store(&self.row(workers[w])[C_WAITED], 1)
+        with nogil:
+            while True:
+                if self._any_done(workers):
+                    none_done = False
+                    break
+                now = fv_now_ns()
+                if now >= until or (deadline >= 0 and now >= deadline):
+                    break
+                fv_relax()
+                sched_yield()
+        if not none_done:
+            return 0, -1
+        fv_store(&main[M_ANY], 1)
+        try:
+            while not self._any_done(workers):
+                res = self._sleep(workers, deadline, -1, True)
+                if res is not None:
+                    return res
+        finally:
+            fv_store(&main[M_ANY], 0)
+        return 0, -1
+
+    cdef bint _any_done(self, int[::1] workers) noexcept nogil:
+        cdef Py_ssize_t k
+        for k in range(workers.shape[0]):
+            if self._done(workers[k]):
+                return True
+        return False
 
     cdef void _learn(self, int[::1] workers, long long t_issue) noexcept:
         """A step issued at ``t_issue`` is done: learn when its last worker published."""
@@ -796,7 +849,8 @@ cdef class WorkerChannel:
         self.t_pub = fv_now_ns()
         r[C_PUBLISHED_NS] = self.t_pub
         fv_store(&r[C_DONE_SEQ], self.seen)
-        if fv_load(self.main_row) and self._waited_all_done():
+        if fv_load(&self.main_row[M_SLEEPING]) and (
+                (fv_load(&self.main_row[M_ANY]) and fv_load(&r[C_WAITED])) or self._waited_all_done()):
             _send_wake(self.fd)
         return 0
 
