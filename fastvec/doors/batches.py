@@ -66,7 +66,7 @@ def check_batch_size(batch_size, num_envs: int, batch_mode) -> int:
     return int(batch_size)
 
 
-class GroupBatches:
+class Batches:
     """The ``send``/``recv`` state of one ``AsyncVectorEnv`` (see the module's docstring)."""
 
     def __init__(self, door, batch_size: int, mode: str = "groups"):

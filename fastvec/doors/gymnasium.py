@@ -22,7 +22,7 @@ from ..errors import NoPendingCallError, PendingCallError
 from ..options import EngineOptions
 from . import _gym_infos
 from .base import EngineDoor
-from .batches import GroupBatches, check_batch_size
+from .batches import Batches, check_batch_size
 from .threads import TorchThreads
 
 _MODES = {
@@ -280,7 +280,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         try:
             self.observation_space, self.single_observation_space = _observation_spaces(
                 observation_mode, obs_spaces, eng)
-            self._batches = GroupBatches(self, eng.num_envs if batch is None else batch, batch_mode)
+            self._batches = Batches(self, eng.num_envs if batch is None else batch, batch_mode)
             self.batch_size, self.batch_mode = self._batches.size, batch_mode
         except BaseException:
             self._close_door()
