@@ -406,9 +406,9 @@ class ActorCritic(nn.Module):
 
     # Acting a small MLP on the CPU in numpy: a torch op costs 5-30 us of dispatch on a
     # small VM, so a 64x64 actor's dozen ops cost ~250 us a step for any batch size;
-    # the same arithmetic on numpy views of the parameters costs ~20 us. The views share
+    # the same arithmetic on numpy views of the parameters costs ~110 us. The views share
     # the parameters' memory (the optimiser steps in place), and are made again if a
-    # parameter's storage moves (``flatten_parameters``, ``.to``).
+    # weight's storage moves (``flatten_parameters``, ``.to``: biases move with them).
     def _np_actor(self):
         np_path = getattr(self, "_np", None)
         if np_path is not None:
