@@ -11,7 +11,11 @@ fresh processes that import that build only (``PYTHONPATH``):
 - ``fastvec bench --only <workloads> --repeats 1 --no-peers``: env steps/s of both front
   doors against SyncVectorEnv, each in its own measurement (the build's own harness);
 - ``benchmarks/bench_train.py --only transports --seeds 1``: ``fastvec train`` on the
-  engine against the same trainer on SyncVectorEnv (wall time to solve, steps/s).
+  engine against the same trainer on SyncVectorEnv (wall time to solve, steps/s);
+- with ``--loops gap cleanrl ...``: the real loops of ``fastvec bench --only loops``
+  (``fastvec.bench.loops``), fastvec's default candidate against the loop's serial
+  baseline, each in a fresh process (``--cases`` keeps the cases whose name contains one
+  of the given words).
 
 Every figure is a ratio against SyncVectorEnv measured in the same process run, so a
 round compares the two builds on the same machine state; the table gives the median
@@ -71,6 +75,30 @@ def train_round(build: str, out: str, timeout: float) -> dict:
     return ratios
 
 
+def loops_round(build: str, loops, cases, timeout: float) -> dict:
+    """{(case, figure): fastvec / serial baseline} of one pass over the real loops."""
+    from fastvec.bench.loops import BASELINE, CASES, _metric
+
+    cand = {"sb3": "fastvec_sb3", "train": "engine"}
+    ratios = {}
+    for loop in loops:
+        for case in CASES[loop]:
+            if cases and not any(c in case["case"] for c in cases):
+                continue
+            got = {}
+            for c in (BASELINE[loop], cand.get(loop, "fastvec")):
+                spec = {k: v for k, v in case.items() if k not in ("cands", "case")} | {"loop": loop, "cand": c}
+                proc = _run([sys.executable, "-m", "fastvec.bench.loops", json.dumps(spec)], build, timeout)
+                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+                if proc.returncode != 0 or not lines:
+                    raise RuntimeError(f"loop {case['case']} / {c} failed in {build}: {proc.stderr[-2000:]}")
+                got[c] = _metric(loop, json.loads(lines[-1]))
+            base, fast = got.values()
+            for figure in base:
+                ratios[(case["case"], figure)] = fast[figure] / base[figure]
+    return ratios
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--before", required=True, help="source tree of the first build (built in place)")
@@ -78,6 +106,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--only", nargs="+", default=list(WORKLOADS), help="fastvec bench workloads")
     p.add_argument("--no-train", action="store_true", help="skip the trainer benchmark")
+    p.add_argument("--no-vecenv", action="store_true", help="skip the fastvec bench workloads")
+    p.add_argument("--loops", nargs="+", default=[], help="real loops of fastvec.bench.loops (gap, cleanrl, ...)")
+    p.add_argument("--cases", nargs="+", default=[], help="only the loop cases whose name contains one of these")
     p.add_argument("--out", required=True, help="directory for ab.json and ab.md")
     p.add_argument("--timeout", type=float, default=1800.0)
     args = p.parse_args(argv)
@@ -89,7 +120,10 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
         for name in order:
-            got = vecenv_round(builds[name], args.only, os.path.join(work, f"{name}{r}"), args.timeout)
+            got = {} if args.no_vecenv else vecenv_round(builds[name], args.only, os.path.join(work, f"{name}{r}"),
+                                                         args.timeout)
+            if args.loops:
+                got.update(loops_round(builds[name], args.loops, args.cases, args.timeout))
             if not args.no_train:
                 got.update(train_round(builds[name], os.path.join(work, f"{name}{r}-train"), args.timeout))
             for key, ratio in got.items():
@@ -99,7 +133,8 @@ def main(argv=None) -> int:
     lines = [f"# Before/after, interleaved ({args.rounds} rounds, {time.time() - t0:.0f} s)", "",
              f"`{' '.join(sys.argv)}`; before: `{args.before}`, after: `{args.after}`. Each figure is a ratio "
              "against SyncVectorEnv in the same run (higher is better; train wall: sync's time to solve "
-             "over fastvec's); median over rounds, min-max in brackets.", "",
+             "over fastvec's; a real loop's: against its serial baseline, a step time's as its inverse); "
+             "median over rounds, min-max in brackets.", "",
              "| workload | candidate | before | after | after / before |", "|---|---|---:|---:|---:|"]
     table = []
     for (w, c), by in rows.items():

@@ -472,6 +472,25 @@ def _kill(pid: int, sig=signal.SIGKILL) -> None:
     os.kill(pid, sig)
 
 
+def _stop(pid: int, timeout: float = 5.0) -> None:
+    """SIGSTOP ``pid`` and return once all its threads are stopped: the signal is
+    delivered asynchronously, and a spinning actor could otherwise answer one more step."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:  # a thread that just ended
+                pass
+        if states and all(s in "Tt" for s in states):
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} did not stop within {timeout} s")
+
+
 @pytest.mark.parametrize("door", ["gym", "sb3"])
 @pytest.mark.parametrize("victim", [0, 1], ids=["fast_path_actor", "remote_actor"])
 def test_killed_actor_raises_worker_error(cluster, door, victim):
@@ -527,7 +546,7 @@ def test_frozen_actor_times_out(cluster, victim):
     try:
         env.reset(seed=1)
         pid = env.engine.placement[victim]["pid"]
-        _kill(pid, signal.SIGSTOP)
+        _stop(pid)
         t0 = time.perf_counter()
         with pytest.raises(WorkerError, match="did not answer within") as info:
             env.step(np.zeros(4, np.int64))

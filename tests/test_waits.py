@@ -120,11 +120,13 @@ def test_fixed_spins_learn_nothing():
         assert eng._ctl.forecast_us == 0.0
 
 
-def test_step_timeout_still_holds_while_napping():
-    # The forecast says ~2 ms; then one step takes 2 s: the nap must not outlast step_timeout.
+@pytest.mark.parametrize("delay", [0.001, 0.005], ids=["spun_through", "napped"])
+def test_step_timeout_still_holds_while_napping(delay):
+    # The forecast says ~1 ms (spun through) or ~5 ms (napped: over SPIN_THROUGH_NS); then
+    # one step takes 2 s: neither the spin nor the nap may outlast step_timeout.
     class Stalls(SlowStepEnv):
         def __init__(self):
-            super().__init__(0.001)
+            super().__init__(delay)
             self.n = 0
 
         def step(self, action):
