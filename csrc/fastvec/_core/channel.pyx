@@ -259,11 +259,11 @@ cdef extern from *:
 # long. How late a nap returns is learned too and taken off the next one.
 #
 # A wait forecast to end within SPIN_THROUGH_NS is not napped at all: the side spins
-# from the start. Measured here (2 vCPUs, 2 workers, a caller computing 1 ms or a torch
-# policy between steps): a nap's wake-up came late often enough that spinning through
-# short gaps stepped HalfCheetah x8 1.7-1.8x SyncVectorEnv after a 1 ms gap against
-# 1.2-1.4x with naps, and the caller's own work was not slower (the spin yields the
-# core at every turn: the scheduler runs the caller first).
+# from the start. Measured here (2 vCPUs, 2 workers; benchmarks/results/ab/spin_through):
+# a nap's wake-up came late often enough that spinning through short gaps stepped
+# HalfCheetah x8 1.97x SyncVectorEnv after a caller's 1 ms of work against 1.63x with
+# naps, and the whole iteration, the caller's work included, was faster too (1.31x
+# against 1.17x): the spin yields the core at every turn, so the caller runs first.
 # ---------------------------------------------------------------------------
 # Before anything is learned: spin as the fixed defaults do.
 cdef double FIRST_MAIN_SPIN_US = 20.0
