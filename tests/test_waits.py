@@ -121,7 +121,7 @@ def test_fixed_spins_learn_nothing():
 
 
 @pytest.mark.parametrize("delay", [0.001, 0.005], ids=["spun_through", "napped"])
-def test_step_timeout_still_holds_while_napping(delay):
+def test_step_timeout_still_holds_while_spinning_or_napping(delay):
     # The forecast says ~1 ms (spun through) or ~5 ms (napped: over SPIN_THROUGH_NS); then
     # one step takes 2 s: neither the spin nor the nap may outlast step_timeout.
     class Stalls(SlowStepEnv):
