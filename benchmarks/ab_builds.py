@@ -107,11 +107,18 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="+", default=list(WORKLOADS), help="fastvec bench workloads")
     p.add_argument("--no-train", action="store_true", help="skip the trainer benchmark")
     p.add_argument("--no-vecenv", action="store_true", help="skip the fastvec bench workloads")
-    p.add_argument("--loops", nargs="+", default=[], help="real loops of fastvec.bench.loops (gap, cleanrl, ...)")
+    p.add_argument("--loops", nargs="+", default=[], choices=("gap", "policy", "sb3", "cleanrl", "train"),
+                   help="real loops of fastvec.bench.loops")
     p.add_argument("--cases", nargs="+", default=[], help="only the loop cases whose name contains one of these")
     p.add_argument("--out", required=True, help="directory for ab.json and ab.md")
     p.add_argument("--timeout", type=float, default=1800.0)
     args = p.parse_args(argv)
+    if args.cases:
+        from fastvec.bench.loops import CASES
+
+        names = [c["case"] for loop in args.loops for c in CASES[loop]]
+        if not any(w in n for w in args.cases for n in names):
+            p.error(f"--cases {args.cases} match no case of the loops {args.loops}: {names}")
     builds = {"before": args.before, "after": args.after}
     os.makedirs(args.out, exist_ok=True)
     rows: dict = {}  # (workload, candidate) -> {build: [ratio per round]}
