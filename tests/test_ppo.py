@@ -13,6 +13,7 @@ import torch
 from gymnasium import spaces
 
 from fastvec.engine import Engine
+from fastvec.options import available_cores
 from fastvec.train import PPO, ConfigError, EngineStorage, PPOConfig, apply_overrides, load_checkpoint
 from fastvec.train.cli import main as cli_main
 from fastvec.train.cli import run_training as train
@@ -345,6 +346,41 @@ def test_same_trajectories_on_gymnasium_vector_env():
     assert b["backend"] == "gymnasium" and a["backend"] == "fastvec"
     assert a["env_steps"] == b["env_steps"] and a["episodes"] == b["episodes"]
     assert a["final_mean_return"] == pytest.approx(b["final_mean_return"])
+
+
+def test_trainer_waits_for_its_workers_by_the_cores_left():
+    """The trainer sleeps through its workers' step when they fill every core in lock-step
+    (``main_spin_for``); the data are the same whichever way it waits."""
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    from fastvec.train.cli import main_spin_for
+
+    cfg = PPOConfig()
+    assert main_spin_for(cfg, workers=2, cores=2) == 0.0
+    assert main_spin_for(cfg, workers=4, cores=2) == 0.0
+    assert main_spin_for(cfg, workers=1, cores=2) is None  # a spare core: learned waits
+    assert main_spin_for(apply_overrides(PPOConfig(), ["env_groups=2"]), workers=2, cores=2) is None
+    assert main_spin_for(apply_overrides(PPOConfig(), ["main_spin_us=50"]), workers=2, cores=2) == 50.0
+    for bad in (["main_spin_us=-1"], ["main_spin_us=1e7"]):
+        with pytest.raises(ConfigError, match="main_spin_us must be in"):
+            apply_overrides(PPOConfig(), bad).validate()
+    with pytest.raises(ConfigError, match="main_spin_us must be in"):
+        apply_overrides(PPOConfig(), {"main_spin_us": "fast"}).validate()
+
+    cfg = apply_overrides(PPOConfig(), preset_for("CartPole-v1"))
+    apply_overrides(cfg, ["total_steps=3000", "seed=5", "device=cpu", "num_workers=2"])
+    venv = SyncVectorEnv([env_factory("CartPole-v1")] * cfg.num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
+    try:
+        ref = train(None, cfg, venv=venv, progress=False)
+    finally:
+        venv.close()
+    for main_spin in (None, 0.0, 20.0):
+        cfg.main_spin_us = main_spin
+        res = train("CartPole-v1", cfg, progress=False)
+        want = main_spin_for(cfg, 2, available_cores())
+        assert res["main_spin_us"] == want and res["num_workers"] == 2
+        assert (res["env_steps"], res["episodes"]) == (ref["env_steps"], ref["episodes"])
+        assert res["final_mean_return"] == pytest.approx(ref["final_mean_return"])
 
 
 def test_gymnasium_vector_env_needs_same_step_autoreset():

@@ -22,7 +22,9 @@ same work; the report gives medians with ranges and each candidate's ratio to th
 serial baseline of the same round. Two ablations show what each default buys:
 ``*_fixed`` is fastvec with the fixed spins that were the defaults before waits learned
 the loop (``spin_us=200, main_spin_us=20``), ``*_torch`` fastvec with torch's threads
-left alone (``torch_threads=None``; see ``fastvec.doors.threads``).
+left alone (``torch_threads=None``; see ``fastvec.doors.threads``); for ``train``,
+``engine_spin`` is the trainer spinning through its workers' step where it would sleep
+(``fastvec.train.cli.main_spin_for``).
 """
 from __future__ import annotations
 
@@ -67,9 +69,9 @@ CASES = {
     "train": [
         dict(case="fastvec train CartPole-v1", env="CartPole-v1", steps=50_000, cands=("sync", "engine")),
         dict(case="fastvec train InvertedPendulum-v5", env="InvertedPendulum-v5", steps=50_000,
-             cands=("sync", "engine")),
+             cands=("sync", "engine", "engine_spin")),
         dict(case="fastvec train HalfCheetah-v5 (100k steps)", env="HalfCheetah-v5", steps=102_400,
-             cands=("sync", "engine")),
+             cands=("sync", "engine", "engine_spin")),
     ],
 }
 LOOPS = tuple(CASES)
@@ -79,6 +81,7 @@ LABELS = {
     "fastvec_fixed": "fastvec.AsyncVectorEnv, fixed spins 200/20 us",
     "dummy": "SB3 DummyVecEnv", "sb3_subproc": "SB3 SubprocVecEnv", "fastvec_sb3": "fastvec.SubprocVecEnv",
     "fastvec_sb3_fixed": "fastvec.SubprocVecEnv, fixed spins 200/20 us", "engine": "fastvec engine",
+    "engine_spin": "fastvec engine, spinning through the step",
     "fastvec_torch": "fastvec.AsyncVectorEnv, torch_threads=None",
     "fastvec_sb3_torch": "fastvec.SubprocVecEnv, torch_threads=None",
 }
@@ -332,6 +335,10 @@ def child_train(spec: dict) -> dict:
         finally:
             venv.close()
     else:
+        if spec["cand"] == "engine_spin":  # the ablation: learned waits where the trainer sleeps
+            from ..train import cli
+
+            cli.main_spin_for = lambda cfg, workers, cores: cfg.main_spin_us
         res = run_training(env_id, cfg, progress=False, tensorboard=False, save=False)
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "sps": res["env_steps"] / wall}

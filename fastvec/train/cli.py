@@ -304,8 +304,27 @@ def build_storage(env_id, cfg, *, venv=None, env_kwargs=None, backend: str = "en
                               f"share per group divides {cfg.num_envs // cfg.env_groups} (the envs of a group): "
                               "each group steps on workers of its own, with as many envs each") from None
     engine = Engine(fns, num_workers=workers, num_slots=slots, autoreset_mode="same_step",
-                    context=cfg.context, spin_us=cfg.spin_us, restart_on_error=cfg.restart_on_error)
+                    context=cfg.context, spin_us=cfg.spin_us, restart_on_error=cfg.restart_on_error,
+                    main_spin_us=main_spin_for(cfg, workers or min(cfg.num_envs, available_cores()),
+                                               available_cores()))
     return EngineStorage(engine, groups=cfg.env_groups)
+
+
+def main_spin_for(cfg, workers: int, cores: int) -> float | None:
+    """How the trainer waits for its workers' step (``cfg.main_spin_us`` if set).
+
+    In lock-step with a worker on every core, a trainer spinning through the step takes
+    a core from a worker. Measured on 2 cores (``fastvec bench --only loop-train``, the
+    ``engine_spin`` ablation; ``benchmarks/results/loops*``): sleeping until the last
+    worker rings trained InvertedPendulum-v5 at 1.09x and 1.11x the Sync backend against
+    1.07x and 0.95x spinning; HalfCheetah-v5 did not move (1.15x/1.22x, 1.24x/1.26x).
+    With a core to spare (CartPole's one worker) spinning stays: sleeping there was
+    slower (0.88x against 0.96x)."""
+    if cfg.main_spin_us is not None:
+        return cfg.main_spin_us
+    if cfg.env_groups == 1 and workers >= cores:
+        return 0.0
+    return None
 
 
 def run_training(env_id: str | None = None, config=None, *, venv=None, env_kwargs: dict | None = None,

@@ -33,6 +33,9 @@ class PPOConfig:
     """Start method of the engine's workers (fork starts in milliseconds; see the CLI)."""
     spin_us: float | None = None
     """How long an idle worker busy-waits before sleeping, in microseconds (None: the engine's default)."""
+    main_spin_us: float | None = None
+    """How long the trainer busy-waits for the workers' step before sleeping, in microseconds
+    (None: 0 when the workers fill every core in lock-step, else the engine's learned waits)."""
     env_groups: int = 1
     """Groups of envs stepping in turn: while one group steps in its workers, the policy
     acts on another (1: every env in lock-step). Must divide ``num_envs``; each group gets
@@ -143,8 +146,11 @@ class PPOConfig:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a non-negative number, got {v!r}")
-        if self.spin_us is not None and not 0 <= self.spin_us < 1e6:
-            raise ConfigError(f"spin_us must be in [0, 1e6) microseconds or none, got {self.spin_us!r}")
+        for name in ("spin_us", "main_spin_us"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
+                                  or not 0 <= v < 1e6):
+                raise ConfigError(f"{name} must be in [0, 1e6) microseconds or none, got {v!r}")
         for name in ("target_kl", "clip_vf"):
             v = getattr(self, name)
             if v is not None and not (v > 0 and math.isfinite(v)):
@@ -276,7 +282,7 @@ def apply_overrides(cfg: PPOConfig, items) -> PPOConfig:
 # results equal only up to floating-point rounding.
 SAFE_ON_RESUME = frozenset({
     "total_steps", "stop_at_return", "solve_return", "device", "torch_threads", "learn_threads",
-    "num_workers", "context", "spin_us", "env_groups", "log_every_s", "checkpoint_every", "keep_checkpoints",
+    "num_workers", "context", "spin_us", "main_spin_us", "env_groups", "log_every_s", "checkpoint_every", "keep_checkpoints",
     "restart_on_error", "max_restarts", "restart_window",
 })
 

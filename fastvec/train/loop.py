@@ -265,6 +265,8 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
         "seed": cfg.seed,
         "num_envs": ppo.N,
         "num_workers": getattr(storage, "num_workers", None),
+        # how the trainer waited for the workers' step (None: learned; fastvec.train.cli.main_spin_for)
+        "main_spin_us": getattr(getattr(storage, "engine", None), "main_spin_us", None),
         "env_groups": len(getattr(storage, "groups", None) or [None]),
         "backend": storage.kind,
         "device": str(device),
