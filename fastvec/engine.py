@@ -35,9 +35,9 @@ from ._core.supervisor import CLOSE_GRACE_S, Supervisor
 from .errors import SpaceMismatchError, WorkerError
 from .options import (
     EngineOptions,
-    available_cores,
     check_env_fns,
     check_positive_int,
+    default_num_workers,
 )
 
 _MODE_CODES = {
@@ -120,7 +120,7 @@ class Engine(WorkerReplies, EngineBase):
         env_fns = check_env_fns(env_fns)
         num_envs = len(env_fns)
         if num_workers is None:
-            num_workers = min(num_envs, available_cores())
+            num_workers = default_num_workers(num_envs)
         num_workers = check_positive_int(num_workers, "num_workers")
         if num_workers > num_envs:
             raise ValueError(f"num_workers={num_workers} exceeds num_envs={num_envs}")

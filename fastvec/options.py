@@ -26,6 +26,11 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def default_num_workers(num_envs: int) -> int:
+    """The engine's worker count when none is given: one per core, at most one per env."""
+    return min(num_envs, available_cores())
+
+
 def check_env_fns(env_fns) -> list:
     """``env_fns`` as a non-empty list of callables, or ValueError."""
     if isinstance(env_fns, (str, bytes)) or not isinstance(env_fns, Sequence):
