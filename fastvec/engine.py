@@ -32,7 +32,7 @@ from ._core.pickling import pickle_payloads
 from ._core.replies import TABLE_REPORT, WorkerReplies
 from ._core.shm import create_segment
 from ._core.supervisor import CLOSE_GRACE_S, Supervisor
-from .errors import SpaceMismatchError, WorkerError
+from .errors import ClosedError, SpaceMismatchError, WorkerError
 from .options import (
     EngineOptions,
     check_env_fns,
@@ -243,6 +243,17 @@ class Engine(WorkerReplies, EngineBase):
     @property
     def worker_pids(self) -> list[int]:
         return self._sup.pids
+
+    def wait_counts(self) -> dict:
+        """How the waits went so far (a diagnostic: ``fastvec bench``, the tests).
+        ``parent``: of its waits for the workers' replies, how many napped towards a
+        forecast and how many slept until a worker rang; ``workers[w]``: the same for
+        worker w's waits for the next command. Every other wait was spun through. A
+        replaced worker counts from 0."""
+        if self._closed:
+            raise ClosedError("this vector env is closed")
+        workers = [dict(zip(("naps", "sleeps"), self._ctl.worker_waits(w))) for w in range(self.num_workers)]
+        return {"parent": {"naps": int(self._ctl.naps), "sleeps": int(self._ctl.sleeps)}, "workers": workers}
 
     def _unit(self, w: int) -> str:
         return f"worker {w}"

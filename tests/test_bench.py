@@ -142,8 +142,9 @@ def test_loop_ratios_are_per_round_against_the_baseline():
     from fastvec.bench.loops import render_markdown, summarize
 
     case = {"case": "toy", "cands": ("sync", "fastvec")}
+    waits = [dict(parent_naps=0.0, parent_sleeps=p, worker_naps=0.5, worker_sleeps=0.1) for p in (0.2, 0.4)]
     runs = {"sync": [{"sps": 100.0}, {"sps": 200.0}, {"sps": 50.0}],
-            "fastvec": [{"sps": 150.0}, {"sps": 200.0}, {"error": "exit code 1"}]}
+            "fastvec": [{"sps": 150.0, "waits": waits[0]}, {"sps": 200.0, "waits": waits[1]}, {"error": "exit code 1"}]}
     out = summarize("cleanrl", case, runs)
     rows = {r["candidate"]: r for r in out["candidates"]}
     s = rows["fastvec"]["stats"]["sps"]
@@ -151,8 +152,12 @@ def test_loop_ratios_are_per_round_against_the_baseline():
     assert s["ratio"] == pytest.approx(1.25) and (s["ratio_min"], s["ratio_max"]) == (1.0, 1.5)
     assert rows["fastvec"]["errors"] == ["exit code 1"]
     assert rows["sync"]["stats"]["sps"]["ratio"] == pytest.approx(1.0)
+    assert rows["sync"]["waits"] is None
+    assert rows["fastvec"]["waits"] == pytest.approx(dict(parent_naps=0.0, parent_sleeps=0.3, worker_naps=0.5,
+                                                          worker_sleeps=0.1))
     md = render_markdown([out])
-    assert "| fastvec.AsyncVectorEnv | 175 (150-200) | **1.25x** (1.00-1.50) |" in md
+    assert "| fastvec.AsyncVectorEnv | 175 (150-200) | **1.25x** (1.00-1.50) | 0.30; 0.50, 0.10 |" in md
+    assert "| gymnasium SyncVectorEnv | 100 (50-200) | **1.00x** (1.00-1.00) |  |" in md
 
 
 def test_loops_run_in_fresh_processes_and_report(tmp_path, monkeypatch, capsys):
@@ -177,9 +182,17 @@ def test_loops_run_in_fresh_processes_and_report(tmp_path, monkeypatch, capsys):
                 assert s["min"] <= s["median"] <= s["max"] and s["ratio"] > 0, key
     gap = {r["candidate"]: r for r in res["loops"][0]["candidates"]}
     assert set(gap["fastvec"]["stats"]) == {"0 ms", "0.5 ms", "0 ms iter", "0.5 ms iter"}
+    # fastvec's waits, counted per step (per gap here); none for the serial baseline
+    assert gap["sync"]["waits"] is None and set(gap["fastvec"]["waits"]) == {"0", "0.5"}
+    cleanrl = {r["candidate"]: r for r in res["loops"][1]["candidates"]}
+    assert cleanrl["sync"]["waits"] is None
+    for w in [*gap["fastvec"]["waits"].values(), cleanrl["fastvec"]["waits"]]:
+        assert set(w) == {"parent_naps", "parent_sleeps", "worker_naps", "worker_sleeps"}
+        assert all(0.0 <= v <= 2.0 for v in w.values()), w
     assert (out / "loops.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "results.md").read_text()
     assert "## Real loops" in md and "#### CleanRL CartPole x4 (cleanrl)" in md
+    assert "Waits per step of fastvec.AsyncVectorEnv" in md and "worker naps, sleeps |" in md
 
 
 def test_only_loops_stands_for_every_loop():

@@ -24,7 +24,10 @@ serial baseline of the same round. Two ablations show what each default buys:
 the loop (``spin_us=200, main_spin_us=20``), ``*_torch`` fastvec with torch's threads
 left alone (``torch_threads=None``; see ``fastvec.doors.threads``); for ``train``,
 ``engine_spin`` is the trainer spinning through its workers' step where it would sleep
-(``fastvec.train.cli.main_spin_for``).
+(``fastvec.train.cli.main_spin_for``). For fastvec's candidates (not ``train``, whose
+engine is inside the trainer) the report also counts what its waits did per step
+(``Engine.wait_counts``): how often the parent slept until a worker rang, and how often
+a worker napped towards its forecast or slept until the parent rang.
 """
 from __future__ import annotations
 
@@ -119,6 +122,27 @@ def _fastvec_kwargs(cand: str) -> dict:
     return {}
 
 
+def _wait_counts(venv):
+    """fastvec's ``Engine.wait_counts`` for a fastvec vector env (None for the others)."""
+    engine = getattr(venv, "engine", None)
+    return engine.wait_counts() if engine is not None and hasattr(engine, "wait_counts") else None
+
+
+def _waits_per_step(before, after, steps: int):
+    """What fastvec's waits did per step between two ``wait_counts``: the parent's naps
+    and sleeps, the workers' naps and sleeps (mean over workers); None for others."""
+    if before is None or after is None or steps <= 0:
+        return None
+    n = len(after["workers"])
+    return {
+        "parent_naps": (after["parent"]["naps"] - before["parent"]["naps"]) / steps,
+        "parent_sleeps": (after["parent"]["sleeps"] - before["parent"]["sleeps"]) / steps,
+        "worker_naps": sum(a["naps"] - b["naps"] for a, b in zip(after["workers"], before["workers"])) / n / steps,
+        "worker_sleeps": sum(a["sleeps"] - b["sleeps"] for a, b in zip(after["workers"], before["workers"])) / n
+        / steps,
+    }
+
+
 def _fixed_work(ms_list):
     """Calibrated single-core work standing in for a caller's compute: ``work(reps)``."""
     x = np.random.default_rng(0).random(2000)
@@ -154,6 +178,7 @@ def child_gap(spec: dict) -> dict:
                 work(r)
                 env.step(acts[k % 64])
             lat = np.empty(spec["steps"])
+            counts = _wait_counts(env)
             t0 = clock()
             for k in range(spec["steps"]):
                 work(r)
@@ -161,7 +186,8 @@ def child_gap(spec: dict) -> dict:
                 env.step(acts[k % 64])
                 lat[k] = clock() - s
             out[f"{ms:g}"] = {"step_us": float(np.median(lat)) * 1e6,
-                              "iter_us": (clock() - t0) / spec["steps"] * 1e6}
+                              "iter_us": (clock() - t0) / spec["steps"] * 1e6,
+                              "waits": _waits_per_step(counts, _wait_counts(env), spec["steps"])}
         return {"gaps": out}
     finally:
         env.close()
@@ -207,11 +233,13 @@ def child_policy(spec: dict) -> dict:
 
         for _ in range(20):
             obs = env.step(act(obs))[0]
+        counts = _wait_counts(env)
         t0 = time.perf_counter()
         for _ in range(spec["steps"]):
             obs = env.step(act(obs))[0]
         wall = time.perf_counter() - t0
-        return {"sps": spec["steps"] * spec["num_envs"] / wall, "torch_threads": torch.get_num_threads()}
+        return {"sps": spec["steps"] * spec["num_envs"] / wall, "torch_threads": torch.get_num_threads(),
+                "waits": _waits_per_step(counts, _wait_counts(env), spec["steps"])}
     finally:
         env.close()
 
@@ -235,12 +263,15 @@ def child_sb3(spec: dict) -> dict:
     startup = time.perf_counter() - t0
     try:
         model = PPO("MlpPolicy", venv, n_steps=256, batch_size=256, n_epochs=4, seed=0, device="cpu", verbose=0)
+        counts = _wait_counts(venv)
         t0 = time.perf_counter()
         model.learn(spec["steps"])
         wall = time.perf_counter() - t0
+        waits = _waits_per_step(counts, _wait_counts(venv), spec["steps"] // spec["num_envs"])
     finally:
         venv.close()
-    return {"wall_s": wall, "sps": spec["steps"] / wall, "startup_s": startup, "torch_threads": torch.get_num_threads()}
+    return {"wall_s": wall, "sps": spec["steps"] / wall, "startup_s": startup, "torch_threads": torch.get_num_threads(),
+            "waits": waits}
 
 
 def child_cleanrl(spec: dict) -> dict:
@@ -269,6 +300,7 @@ def child_cleanrl(spec: dict) -> dict:
         next_obs = torch.as_tensor(envs.reset(seed=0)[0], dtype=torch.float32)
         next_done = torch.zeros(n)
         iters = max(1, spec["steps"] // (T * n))
+        counts = _wait_counts(envs)
         t0 = time.perf_counter()
         for _ in range(iters):
             for t in range(T):
@@ -310,7 +342,8 @@ def child_cleanrl(spec: dict) -> dict:
                     nn.utils.clip_grad_norm_([*actor.parameters(), *critic.parameters()], 0.5)
                     opt.step()
         wall = time.perf_counter() - t0
-        return {"sps": iters * T * n / wall, "wall_s": wall, "torch_threads": torch.get_num_threads()}
+        return {"sps": iters * T * n / wall, "wall_s": wall, "torch_threads": torch.get_num_threads(),
+                "waits": _waits_per_step(counts, _wait_counts(envs), iters * T)}
     finally:
         envs.close()
 
@@ -425,8 +458,33 @@ def summarize(loop: str, case: dict, runs: dict) -> dict:
                           "ratio_min": float(rats.min()) if rats.size else None,
                           "ratio_max": float(rats.max()) if rats.size else None}
         rows.append({"candidate": c, "label": LABELS[c], "runs": results, "stats": stats,
-                     "errors": [res["error"] for res in results if "error" in res]})
+                     "errors": [res["error"] for res in results if "error" in res], "waits": _median_waits(loop, results)})
     return {"loop": loop, "case": case["case"], "baseline": base, "candidates": rows}
+
+
+WAIT_KEYS = ("parent_naps", "parent_sleeps", "worker_naps", "worker_sleeps")
+
+
+def _median_waits(loop: str, results: list):
+    """The median over rounds of fastvec's waits per step (``_waits_per_step``); for the
+    gap loop per gap; None for candidates that are not fastvec."""
+    ok = [res for res in results if "error" not in res]
+
+    def med(ws):
+        ws = [w for w in ws if w]
+        return {k: float(np.median([w[k] for w in ws])) for k in WAIT_KEYS} if ws else None
+
+    if loop == "gap":
+        gaps = {g: med([res["gaps"][g].get("waits") for res in ok]) for g in (ok[0]["gaps"] if ok else {})}
+        return gaps if any(gaps.values()) else None
+    return med([res.get("waits") for res in ok])
+
+
+def _waits_cell(w) -> str:
+    """parent sleeps; worker naps, sleeps (per step)."""
+    if not w:
+        return ""
+    return f"{w['parent_sleeps']:.2f}; {w['worker_naps']:.2f}, {w['worker_sleeps']:.2f}"
 
 
 def render_markdown(cases: list[dict]) -> str:
@@ -444,17 +502,25 @@ def render_markdown(cases: list[dict]) -> str:
                 s = row["stats"]
                 cells = [_gap_cell(s.get(k)) for k in gaps] + [_gap_cell(s.get(gaps[-1] + " iter")) if gaps else ""]
                 lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+            for row in case["candidates"]:
+                if row.get("waits"):
+                    per = ", ".join(f"{g} ms: {_waits_cell(w)}" for g, w in row["waits"].items() if w)
+                    lines.append(f"\nWaits per step of {row['label']} (the parent's sleeps; the workers' naps, "
+                                 f"sleeps): {per}.")
         else:
             unit = "env steps/s"
-            lines.append(f"| candidate | {unit} (median, range) | ratio to {LABELS[case['baseline']]} (range) |")
-            lines.append("|---|---:|---:|")
+            waits = any(row.get("waits") for row in case["candidates"])
+            head = " waits per step: parent sleeps; worker naps, sleeps |" if waits else ""
+            lines.append(f"| candidate | {unit} (median, range) | ratio to {LABELS[case['baseline']]} (range) |{head}")
+            lines.append("|---|---:|---:|" + ("---:|" if waits else ""))
             for row in case["candidates"]:
                 s = row["stats"].get("sps")
+                tail = f" {_waits_cell(row.get('waits'))} |" if waits else ""
                 if s is None:
-                    lines.append(f"| {row['label']} | failed: {'; '.join(row['errors'])} | |")
+                    lines.append(f"| {row['label']} | failed: {'; '.join(row['errors'])} | |{tail}")
                     continue
                 lines.append(f"| {row['label']} | {s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) | "
-                             f"{_ratio(s)} |")
+                             f"{_ratio(s)} |{tail}")
     return "\n".join(lines) + "\n"
 
 

@@ -354,6 +354,8 @@ cdef enum:
     C_REPLY_ARG = 11
     C_SLEEPING = 12
     C_PUBLISHED_NS = 13
+    C_NAPS = 14    # how many waits this worker napped in (diagnostics: Engine.wait_counts)
+    C_SLEEPS = 15  # ... and slept in until the parent's doorbell
 
 
 cdef int _read_header_skip_wake(int fd, int *hdr) except -1:
@@ -393,6 +395,8 @@ cdef class Controller:
     cdef bint adaptive
     cdef Forecast fc
     cdef long long t_issue  # when the step being waited for was issued (0: not a step)
+    # How many waits for replies napped, and slept until a worker rang (diagnostics).
+    cdef public long long naps, sleeps
 
     def __init__(self, object ctl_array, int[::1] fds, double spin_us):
         cdef cnp.ndarray arr = ctl_array
@@ -408,6 +412,13 @@ cdef class Controller:
         self.stash = [None] * self.n
         fc_init(&self.fc)
         self.t_issue = 0
+        self.naps = self.sleeps = 0
+
+    def worker_waits(self, int w):
+        """``(naps, sleeps)``: how many of worker w's waits for a command napped, and
+        slept until the parent's doorbell (the rest were spun through)."""
+        cdef long long *r = self.row(w)
+        return int(fv_load(&r[C_NAPS])), int(fv_load(&r[C_SLEEPS]))
 
     @property
     def forecast_us(self):
@@ -598,6 +609,7 @@ cdef class Controller:
             nap_until = fc_nap_end(&self.fc, target, MAIN_NAP_MARGIN_NS)
             busy = True
             if nap_until - t0 > MIN_NAP_NS:
+                self.naps += 1
                 # (a spare WAKE ends a nap early while workers are busy: nap on)
                 while fv_now_ns() < nap_until and self._pending(workers):
                     res = self._sleep(workers, deadline, nap_until)
@@ -609,6 +621,8 @@ cdef class Controller:
                 now = fv_now_ns()
                 busy = self._spin(workers, (target if target > now else now) + fc_window(&self.fc, MAIN_WINDOW_LO_NS,
                                                                                      MAIN_WINDOW_HI_NS), deadline)
+        if busy:
+            self.sleeps += 1
         while busy:
             res = self._sleep(workers, deadline, -1)
             if res is not None:
@@ -649,6 +663,7 @@ cdef class Controller:
         if not none_done:
             return 0, -1
         fv_store(&main[M_ANY], 1)
+        self.sleeps += 1
         try:
             while not self._any_done(workers):
                 res = self._sleep(workers, deadline, -1, True)
@@ -732,6 +747,8 @@ cdef class WorkerChannel:
         self.stash = None
         fc_init(&self.fc)
         self.t_pub = 0
+        self.ctl[C_NAPS] = 0
+        self.ctl[C_SLEEPS] = 0
         if self.adaptive:
             fv_precise_timers()  # this is the worker's own process
             self.fc.late = 0
@@ -765,6 +782,8 @@ cdef class WorkerChannel:
         cdef pollfd p
         cdef int got
         cdef long long now = fv_now_ns()
+        if now < until:
+            fv_store(&r[C_NAPS], r[C_NAPS] + 1)
         while now < until:
             fv_store(&r[C_SLEEPING], 1)
             if fv_load(&r[C_CMD_SEQ]) != self.seen:
@@ -813,6 +832,8 @@ cdef class WorkerChannel:
                     break
                 fv_relax()
                 sched_yield()
+        if not got:
+            fv_store(&r[C_SLEEPS], r[C_SLEEPS] + 1)
         while not got:
             fv_store(&r[C_SLEEPING], 1)
             if fv_load(&r[C_CMD_SEQ]) != self.seen:
