@@ -504,9 +504,8 @@ def render_markdown(cases: list[dict]) -> str:
                 lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
             for row in case["candidates"]:
                 if row.get("waits"):
-                    per = ", ".join(f"{g} ms: {_waits_cell(w)}" for g, w in row["waits"].items() if w)
-                    lines.append(f"\nWaits per step of {row['label']} (the parent's sleeps; the workers' naps, "
-                                 f"sleeps): {per}.")
+                    per = "; ".join(f"after {g} ms ({_waits_cell(w)})" for g, w in row["waits"].items() if w)
+                    lines.append(f"\nWaits per step of {row['label']} (parent sleeps; worker naps, sleeps): {per}.")
         else:
             unit = "env steps/s"
             waits = any(row.get("waits") for row in case["candidates"])
