@@ -200,3 +200,54 @@ def test_only_loops_stands_for_every_loop():
 
     plan = _plan(build_parser().parse_args(["--only", "loops", "gae"]))
     assert plan["sections"] == [*LOOP_SECTIONS, "gae"]
+
+
+def _ceilings_module():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "ceilings.py"
+    spec = importlib.util.spec_from_file_location("fastvec_ceilings", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ceilings_are_computed_from_the_measurements():
+    """benchmarks/ceilings.py: the vector-env ceiling is cores x one env's steps/s over
+    SyncVectorEnv's; the trainer's bounds follow its time breakdown."""
+    ceil = _ceilings_module()
+    loop = {"pong:8": [800.0, 820.0], "halfcheetah:16": [6300.0, 6400.0], "halfcheetah:4": [6000.0, 6600.0]}
+    sync = {"pong:8": [760.0, 780.0], "halfcheetah:32": [5800.0, 6000.0], "halfcheetah:8": [5500.0, 6000.0]}
+    runs = {f"loop:{k}": [{"sps": v} for v in vs] for k, vs in loop.items()}
+    runs |= {f"sync:{k}": [{"sps": v} for v in vs] for k, vs in sync.items()}
+    times = {"act": 1.0, "env": 8.0, "prepare": 0.2, "learn": 7.0}
+    runs["train:sync"] = [{"wall_s": 17.0, "times": times}, {"wall_s": 18.0, "times": times}]
+    runs["train:engine"] = [{"wall_s": 14.0, "times": {**times, "act": 1.4}, "env_groups": 1}] * 2
+    b = ceil.bounds(runs, 2, 102_400)
+    pong = b[ceil.VEC_GOALS[0][0]]
+    assert pong["goal"] == 2.1 and pong["per_round"] == pytest.approx([2 * 800 / 760, 2 * 820 / 780])
+    assert b[ceil.VEC_GOALS[2][0]]["per_round"] == pytest.approx([2 * 6300 / 5800, 2 * 6400 / 6000])
+    hc8 = [2 * 6000 / 5500, 2 * 6600 / 6000]  # 4 envs a core in a plain loop
+    assert b[ceil.VEC_GOALS[3][0]]["per_round"] == pytest.approx(hc8)
+    engine = b["fastvec train HalfCheetah-v5 (102.4k steps), engine over its Sync backend"]
+    assert engine["goal"] == 1.3
+    assert engine["per_round"] == pytest.approx([17.0 / (17.0 - 8.0 + 8.0 / hc8[0]), 18.0 / (18.0 - 8.0 + 8.0 / hc8[1])])
+    groups = b["fastvec train HalfCheetah-v5 (102.4k steps), batch groups over lock-step"]
+    assert groups["goal"] == 1.15 and groups["per_round"] == pytest.approx([14.0 / 12.6] * 2)
+    md = ceil.render(runs, b, 2, 2, 1.0, ["--rounds", "2"])
+    assert "| Pong, 16 envs in batches of 8 (ready mode), over SyncVectorEnv x8 | 2.10x | 2.10x (2.10-2.11) | 100% |" in md
+    assert f"| 1.15x | 1.11x (1.11-1.11) | {100 * 1.15 / (14.0 / 12.6):.0f}% (above every round's) |" in md
+    assert "| train:sync wall_s (s) | 17.50 (17.00-18.00) |" in md
+    # a groups run is not a lock-step one: refused, not mixed in
+    runs["train:engine"] = [{**runs["train:engine"][0], "env_groups": 2}] * 2
+    with pytest.raises(RuntimeError, match="lock-step"):
+        ceil.bounds(runs, 2, 102_400)
+
+
+def test_ceilings_child_measures_real_envs():
+    pytest.importorskip("mujoco")
+    ceil = _ceilings_module()
+    for kind in ("loop", "sync"):
+        res = ceil.child({"kind": kind, "workload": "halfcheetah", "steps": 40, "envs": 2})
+        assert res["sps"] > 0, kind

@@ -374,7 +374,8 @@ def child_train(spec: dict) -> dict:
             cli.main_spin_for = lambda cfg, workers, cores: cfg.main_spin_us
         res = run_training(env_id, cfg, progress=False, tensorboard=False, save=False)
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "sps": res["env_steps"] / wall}
+    return {"wall_s": wall, "sps": res["env_steps"] / wall, "times": res["time_breakdown"],
+            "env_groups": res["env_groups"]}
 
 
 CHILDREN = {"gap": child_gap, "policy": child_policy, "sb3": child_sb3, "cleanrl": child_cleanrl,
