@@ -6,6 +6,7 @@
     python benchmarks/bench_train.py --only pendulum --seeds 3
     python benchmarks/bench_train.py --only pong
     python benchmarks/bench_train.py --only transports --seeds 3
+    python benchmarks/bench_train.py --only learners --seeds 3
     python benchmarks/bench_train.py --out benchmarks/results   # also writes train.json / train.md
 
 Sections
@@ -24,6 +25,13 @@ pong
     ALE/Pong-v5 (AtariPreprocessing + 4-frame stack), 8 envs: the engine's random-action
     steps/s against the training loop's steps/s (rollouts + PPO updates, same envs and
     workers), and the rollout collection alone. Goal: training loop >= 0.6x random.
+learners
+    The trainer's two minibatch gradients, the numpy learner (the default for small MLPs
+    on the CPU) and torch's autograd (``--set learner=torch``), on the same seeds and
+    engine: wall time and env steps to solve CartPole-v1 and InvertedPendulum-v5, the
+    mean return of HalfCheetah-v5 after 200k steps, and the learner's own time. The two
+    compute the same loss and gradient up to float rounding
+    (``tests/test_numpy_learner.py``), so they should learn alike; this checks it.
 transports
     The same trainer and seed on gymnasium's SyncVectorEnv, on a classic one-Pipe-per-env
     SubprocVecEnv (baselines style) and on fastvec: wall time to solve CartPole and
@@ -317,9 +325,44 @@ def transports_section(seeds, timeout, log, env_id="CartPole-v1", threshold=475.
     return {"env_id": env_id, "runs": rows, "summary": summary}
 
 
+LEARNER_ENVS = (("CartPole-v1", 475.0, 200_000), ("InvertedPendulum-v5", 950.0, 400_000),
+                ("HalfCheetah-v5", None, 200_000))
+
+
+def learners_section(seeds, timeout, log):
+    """The numpy learner against torch's autograd, seed by seed, in alternating order."""
+    rows = []
+    for env_id, threshold, steps in LEARNER_ENVS:
+        for seed in range(seeds):
+            order = ("numpy", "torch") if seed % 2 == 0 else ("torch", "numpy")
+            for learner in order:
+                job = {"kind": "fastvec", "env_id": env_id, "seed": seed, "overrides": [f"learner={learner}"],
+                       "threshold": threshold, "total_steps": steps}
+                r = run_child(job, timeout)
+                r.update(candidate=learner, seed=seed, env=env_id, load=_load())
+                rows.append(r)
+                log(f"  learners {env_id} seed {seed} {learner:5s} " + (
+                    r.get("error") or f"solved={r['solved']} steps={r['env_steps']} wall={r['wall_seconds']:.2f}s "
+                                      f"return={r['final_mean_return']} learn={r['time_breakdown']['learn']:.2f}s"))
+    summary = {}
+    for env_id, threshold, steps in LEARNER_ENVS:
+        for learner in ("numpy", "torch"):
+            rs = [r for r in rows if r["env"] == env_id and r["candidate"] == learner and "error" not in r]
+            summary[f"{env_id} {learner}"] = {
+                "median_wall_seconds": _median([r["wall_seconds"] for r in rs]),
+                "median_env_steps": _median([r["env_steps"] for r in rs]),
+                "median_learn_seconds": _median([r["time_breakdown"]["learn"] for r in rs]),
+                "median_learner_sps": _median([r.get("learner_sps") for r in rs]),
+                "median_final_return": _median([r["final_mean_return"] for r in rs]),
+                "solved": sum(bool(r["solved"]) for r in rs) if threshold is not None else None,
+                "runs": seeds, "learner_used": sorted({r.get("learner") for r in rs}),
+            }
+    return {"runs": rows, "summary": summary}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", default="cartpole,pendulum,pong,transports")
+    p.add_argument("--only", default="cartpole,pendulum,pong,transports,learners")
     p.add_argument("--seeds", type=int, default=None, help="seeds per candidate (default 5 CartPole, 3 others)")
     p.add_argument("--out", default=None, help="directory for train.json and train.md")
     p.add_argument("--set", dest="overrides", action="append", default=[],
@@ -349,7 +392,7 @@ def main(argv=None) -> int:
         return 0
 
     parts = [s.strip() for s in args.only.split(",") if s.strip()]
-    bad = set(parts) - {"cartpole", "pendulum", "pong", "transports"}
+    bad = set(parts) - {"cartpole", "pendulum", "pong", "transports", "learners"}
     if bad:
         print(f"bench_train: unknown section(s) {sorted(bad)}", file=sys.stderr)
         return 2
@@ -377,6 +420,9 @@ def main(argv=None) -> int:
         results["transports"] = [
             transports_section(args.seeds or 3, args.timeout, log, env_id, THRESHOLDS[env_id])
             for env_id in [e.strip() for e in args.transport_envs.split(",") if e.strip()]]
+    if "learners" in parts:
+        log("Learners: the numpy minibatch gradient against torch's autograd")
+        results["learners"] = learners_section(args.seeds or 3, args.timeout, log)
     if "pong" in parts:
         log("Pong: engine random-action steps/s vs training loop steps/s")
         job = {"kind": "pong", "num_envs": args.pong_envs, "num_workers": None, "steps": args.pong_steps,
@@ -430,6 +476,25 @@ def report(results) -> str:
             c = s[k]
             lines.append(f"| {name} | {_fmt(c['median_wall_seconds'])} | {_fmt(c['median_sps'], 0)} | "
                          f"{_fmt(c['median_env_steps'], 0)} | {c['solved']}/{c['runs']} |")
+        lines.append("")
+    if "learners" in results:
+        lines += ["## The numpy learner against torch's autograd (same seeds, the engine)", "",
+                  "| env | learner | median wall s | median env steps | solved | median final return | "
+                  "median learn s | learner samples/s |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for key, c in results["learners"]["summary"].items():
+            env_id, learner = key.rsplit(" ", 1)
+            solved = "—" if c["solved"] is None else f"{c['solved']}/{c['runs']}"
+            lines.append(f"| {env_id} | {learner} (ran: {', '.join(map(str, c['learner_used']))}) | "
+                         f"{_fmt(c['median_wall_seconds'])} | {_fmt(c['median_env_steps'], 0)} | {solved} | "
+                         f"{_fmt(c['median_final_return'], 1)} | {_fmt(c['median_learn_seconds'])} | "
+                         f"{_fmt(c['median_learner_sps'], 0)} |")
+        lines += ["", "| env | seed | learner | solved | env steps | wall s | final return | learn s |",
+                  "|---|---:|---|---|---:|---:|---:|---:|"]
+        for r in results["learners"]["runs"]:
+            tb = r.get("time_breakdown") or {}
+            lines.append(f"| {r['env']} | {r['seed']} | {r['candidate']} | {r.get('solved', r.get('error'))} | "
+                         f"{r.get('env_steps', '—')} | {_fmt(r.get('wall_seconds'))} | "
+                         f"{_fmt(r.get('final_mean_return'), 1)} | {_fmt(tb.get('learn'))} |")
         lines.append("")
     if "pong" in results:
         r = results["pong"]

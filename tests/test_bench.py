@@ -251,3 +251,13 @@ def test_ceilings_child_measures_real_envs():
     for kind in ("loop", "sync"):
         res = ceil.child({"kind": kind, "workload": "halfcheetah", "steps": 40, "envs": 2})
         assert res["sps"] > 0, kind
+
+
+def test_train_loop_child_runs_the_learner_it_names():
+    """The train loop's ``*_autograd`` ablation runs torch's autograd; the default the
+    numpy learner (CartPole's MLP on the CPU), on both backends."""
+    from fastvec.bench.loops import child_train
+
+    for cand, learner in (("sync", "numpy"), ("engine_autograd", "torch")):
+        res = child_train({"env": "CartPole-v1", "steps": 1024, "cand": cand})
+        assert res["learner"] == learner and res["times"]["learn"] > 0, cand

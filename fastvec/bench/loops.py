@@ -24,7 +24,9 @@ serial baseline of the same round. Two ablations show what each default buys:
 the loop (``spin_us=200, main_spin_us=20``), ``*_torch`` fastvec with torch's threads
 left alone (``torch_threads=None``; see ``fastvec.doors.threads``); for ``train``,
 ``engine_spin`` is the trainer spinning through its workers' step where it would sleep
-(``fastvec.train.cli.main_spin_for``). For fastvec's candidates (not ``train``, whose
+(``fastvec.train.cli.main_spin_for``), ``*_autograd`` the trainer with torch's autograd
+where its numpy learner applies (``PPOConfig.learner``; the ratios stay against the
+default Sync run). For fastvec's candidates (not ``train``, whose
 engine is inside the trainer) the report also counts what its waits did per step
 (``Engine.wait_counts``): how often the parent slept until a worker rang, and how often
 a worker napped towards its forecast or slept until the parent rang.
@@ -74,7 +76,7 @@ CASES = {
         dict(case="fastvec train InvertedPendulum-v5", env="InvertedPendulum-v5", steps=50_000,
              cands=("sync", "engine", "engine_spin")),
         dict(case="fastvec train HalfCheetah-v5 (100k steps)", env="HalfCheetah-v5", steps=102_400,
-             cands=("sync", "engine", "engine_spin")),
+             cands=("sync", "engine", "engine_spin", "sync_autograd", "engine_autograd")),
     ],
 }
 LOOPS = tuple(CASES)
@@ -85,6 +87,7 @@ LABELS = {
     "dummy": "SB3 DummyVecEnv", "sb3_subproc": "SB3 SubprocVecEnv", "fastvec_sb3": "fastvec.SubprocVecEnv",
     "fastvec_sb3_fixed": "fastvec.SubprocVecEnv, fixed spins 200/20 us", "engine": "fastvec engine",
     "engine_spin": "fastvec engine, spinning through the step",
+    "sync_autograd": "gymnasium SyncVectorEnv, autograd learner", "engine_autograd": "fastvec engine, autograd learner",
     "fastvec_torch": "fastvec.AsyncVectorEnv, torch_threads=None",
     "fastvec_sb3_torch": "fastvec.SubprocVecEnv, torch_threads=None",
 }
@@ -358,8 +361,12 @@ def child_train(spec: dict) -> dict:
     cfg.seed = 0
     cfg.total_steps = spec["steps"]
     cfg.stop_at_return = None
+    cand = spec["cand"]
+    if cand.endswith("_autograd"):  # the ablation: torch's autograd where the numpy learner applies
+        cfg.learner = "torch"
+        cand = cand[: -len("_autograd")]
     t0 = time.perf_counter()
-    if spec["cand"] == "sync":
+    if cand == "sync":
         from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
         venv = SyncVectorEnv([env_factory(env_id)] * cfg.num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
@@ -368,14 +375,14 @@ def child_train(spec: dict) -> dict:
         finally:
             venv.close()
     else:
-        if spec["cand"] == "engine_spin":  # the ablation: learned waits where the trainer sleeps
+        if cand == "engine_spin":  # the ablation: learned waits where the trainer sleeps
             from ..train import cli
 
             cli.main_spin_for = lambda cfg, workers, cores: cfg.main_spin_us
         res = run_training(env_id, cfg, progress=False, tensorboard=False, save=False)
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "sps": res["env_steps"] / wall, "times": res["time_breakdown"],
-            "env_groups": res["env_groups"]}
+            "env_groups": res["env_groups"], "learner": res["learner"]}
 
 
 CHILDREN = {"gap": child_gap, "policy": child_policy, "sb3": child_sb3, "cleanrl": child_cleanrl,

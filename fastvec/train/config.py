@@ -94,6 +94,9 @@ class PPOConfig:
     """Threads while acting; None: 1 for MLPs, all cores for CNNs."""
     learn_threads: int | None = None
     """Threads while learning; None: as ``torch_threads``."""
+    learner: str = "auto"
+    """The minibatch gradient: numpy (small MLPs on the CPU with one learner thread: less than
+    half of autograd's time here), torch (autograd), or auto (numpy where it applies)."""
     stop_at_return: float | None = None
     """Stop once the mean return of the last ``return_window`` episodes reaches this."""
     solve_return: float | None = None
@@ -161,6 +164,8 @@ class PPOConfig:
 
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        if self.learner not in ("auto", "numpy", "torch"):
+            raise ConfigError(f"learner must be auto, numpy or torch, got {self.learner!r}")
         if self.context not in mp.get_all_start_methods():
             raise ConfigError(f"context must be one of {mp.get_all_start_methods()}, got {self.context!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
@@ -281,7 +286,7 @@ def apply_overrides(cfg: PPOConfig, items) -> PPOConfig:
 # end (it decays over total_steps from where it is); other devices or thread counts give
 # results equal only up to floating-point rounding.
 SAFE_ON_RESUME = frozenset({
-    "total_steps", "stop_at_return", "solve_return", "device", "torch_threads", "learn_threads",
+    "total_steps", "stop_at_return", "solve_return", "device", "torch_threads", "learn_threads", "learner",
     "num_workers", "context", "spin_us", "main_spin_us", "env_groups", "log_every_s", "checkpoint_every", "keep_checkpoints",
     "restart_on_error", "max_restarts", "restart_window",
 })

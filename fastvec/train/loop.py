@@ -271,6 +271,7 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
         "backend": storage.kind,
         "device": str(device),
         "policy": describe_policy(ppo.policy),
+        "learner": "numpy" if ppo.np_learner is not None else "torch",  # the minibatch gradient's
         "threshold": threshold,
         "startup_seconds": round(t_ready - t_start, 4),
         "time_breakdown": {"act": round(ppo.t_act, 4), "env": round(ppo.t_env, 4),

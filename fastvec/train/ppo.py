@@ -6,7 +6,8 @@ computed for the whole rollout in one batched pass afterwards), sampling noise i
 drawn once per rollout, actions are written in place into the storage's action slot,
 and episode statistics are computed per rollout, vectorised over time. The update
 uses one flat parameter / gradient tensor (one-tensor Adam and gradient clipping) and
-permutes the packed per-sample data once per epoch.
+permutes the packed per-sample data once per epoch; small MLP policies on the CPU get
+each minibatch's gradient from ``fastvec.train.numpy_learner`` instead of autograd.
 
 Truncation is bootstrapped: ``next_values[t] = V(final_obs[t])`` where an episode was
 truncated at step ``t`` (terminated steps do not bootstrap), ``V(obs[t + 1])``
@@ -19,6 +20,7 @@ cores for CNNs (the env workers sleep while the policy runs: acting is synchrono
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import time
 
@@ -31,6 +33,7 @@ from ..options import available_cores
 from .busy import DeviceBusy
 from .config import ConfigError, PPOConfig
 from .monitor import thin
+from .numpy_learner import NumpyLearner
 from .policies import ActorCritic, GaussianDist, is_image_space, make_policy
 from .rollout import Rollout
 
@@ -261,6 +264,7 @@ class PPO:
         self.policy.to(device)
         self.flat_param, self.flat_grad = flatten_parameters(self.policy)
         self.opt = FlatAdam(self.flat_param, cfg.lr, cfg.adam_eps)
+        self.np_learner = self._numpy_learner()
         self.T, self.N = cfg.n_steps, storage.num_envs
         self.rollout = Rollout(storage, self.policy, self.T, device)
         self._group_views = self._views_by_group()
@@ -318,6 +322,20 @@ class PPO:
         self.tracker.restart_envs()
         if self.reward_scaler is not None:
             self.reward_scaler.acc[:] = 0.0
+
+    def _numpy_learner(self) -> NumpyLearner | None:
+        """The minibatch gradient in numpy where it covers the policy (``cfg.learner``:
+        "auto" takes it there, "numpy" insists, "torch" keeps autograd)."""
+        choice = self.cfg.learner
+        if choice == "torch":
+            return None
+        why = NumpyLearner.why_not(self.policy, self.device, self.learn_threads)
+        if why is not None:
+            if choice == "numpy":
+                raise ConfigError(f"learner=numpy does not fit this run: {why}; use learner=auto or torch")
+            return None
+        cfg = self.cfg
+        return NumpyLearner(self.policy, self.flat_grad, cfg.ent_coef, cfg.vf_coef, cfg.clip_vf)
 
     def _set_threads(self, n: int) -> None:
         if self._threads != n:
@@ -498,70 +516,48 @@ class PPO:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         cols = [ro.logp.view(B, 1), adv.view(B, 1), ro.ret.view(B, 1), ro.values[: self.T].reshape(B, 1)]
         packed_obs = pol.packable_obs
+        npl = self.np_learner
         if packed_obs:
             D = pol.obs_dim
-            data = torch.cat([obs.reshape(B, D).float(), *cols], 1)
+            # the numpy learner gets its inputs normalised once for the whole update
+            x = pol.preprocess(obs) if npl is not None else obs.reshape(B, D).float()
+            data = torch.cat([x, *cols], 1)
         else:
             D = 0
             data = torch.cat(cols, 1)
-        grad, max_norm = self.flat_grad, cfg.max_grad_norm
-        clip_vf, ent_coef, vf_coef, target_kl = cfg.clip_vf, cfg.ent_coef, cfg.vf_coef, cfg.target_kl
-        dist = pol.dist
+        minibatch = npl.minibatch if npl is not None else self._torch_minibatch
+        grad, max_norm, target_kl = self.flat_grad, cfg.max_grad_norm, cfg.target_kl
         stats = collections.defaultdict(list)
         stop = False
         epochs_done = 0
         n_mb = 0
-        for epoch in range(cfg.n_epochs):
-            last_epoch = epoch == cfg.n_epochs - 1
-            want_stats = last_epoch or target_kl is not None
-            if mb < B:
-                perm = torch.randperm(B, device=self.device)
-                data_e, acts_e = data[perm], acts[perm]
-                obs_e = None if packed_obs else obs[perm]
-            else:
-                data_e, acts_e, obs_e = data, acts, (None if packed_obs else obs)
-            for start in range(0, B - 1, mb):
-                rows = data_e[start:start + mb]
-                if rows.shape[0] < 2:
-                    continue
-                a = acts_e[start:start + mb]
-                o = rows[:, :D] if packed_obs else obs_e[start:start + mb]
-                olp, adv_b, ret, ov = rows[:, D], rows[:, D + 1], rows[:, D + 2], rows[:, D + 3]
-                params, v = pol.params_and_value(o)
-                logp, ent = dist.log_prob_entropy(params, a, need_entropy=bool(ent_coef) or want_stats)
-                logratio = logp - olp
-                ratio = logratio.exp()
-                pg_loss = -torch.min(adv_b * ratio, adv_b * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
-                if clip_vf is not None:
-                    v_clipped = ov + (v - ov).clamp(-clip_vf, clip_vf)
-                    v_loss = torch.max((v - ret).square(), (v_clipped - ret).square()).mean()
+        with npl.one_blas_thread() if npl is not None else contextlib.nullcontext():
+            for epoch in range(cfg.n_epochs):
+                want_stats = epoch == cfg.n_epochs - 1 or target_kl is not None
+                if mb < B:
+                    perm = torch.randperm(B, device=self.device)
+                    data_e, acts_e = data[perm], acts[perm]
+                    obs_e = None if packed_obs else obs[perm]
                 else:
-                    v_loss = (v - ret).square().mean()
-                loss = pg_loss + (0.5 * vf_coef) * v_loss
-                if ent_coef:
-                    ent_mean = ent.mean()
-                    loss = loss - ent_coef * ent_mean
-                if want_stats:
-                    with torch.no_grad():
-                        approx_kl = ((ratio - 1.0) - logratio).mean()
-                        if target_kl is not None and approx_kl.item() > 1.5 * target_kl:
-                            stop = True
-                            stats["kl"].append(approx_kl)
-                            break
-                        stats["kl"].append(approx_kl)
-                        stats["cf"].append(((ratio - 1.0).abs() > clip).float().mean())
-                        stats["pg"].append(pg_loss.detach())
-                        stats["v"].append(0.5 * v_loss.detach())
-                        stats["ent"].append(ent.detach().mean())
-                grad.zero_()
-                loss.backward()
-                # clip_grad_norm_ on the one flat gradient
-                grad.mul_((max_norm / (grad.norm() + 1e-6)).clamp_(max=1.0))
-                self.opt.step()
-                n_mb += 1
-            epochs_done = epoch + 1
-            if stop:
-                break
+                    data_e, acts_e, obs_e = data, acts, (None if packed_obs else obs)
+                if npl is not None:
+                    data_e, acts_e = data_e.numpy(), acts_e.numpy()
+                for start in range(0, B - 1, mb):
+                    rows = data_e[start:start + mb]
+                    if rows.shape[0] < 2:
+                        continue
+                    o = rows[:, :D] if packed_obs else obs_e[start:start + mb]
+                    if minibatch(o, acts_e[start:start + mb], rows[:, D], rows[:, D + 1], rows[:, D + 2],
+                                 rows[:, D + 3], clip, want_stats, target_kl, stats):
+                        stop = True
+                        break
+                    # clip_grad_norm_ on the one flat gradient
+                    grad.mul_((max_norm / (grad.norm() + 1e-6)).clamp_(max=1.0))
+                    self.opt.step()
+                    n_mb += 1
+                epochs_done = epoch + 1
+                if stop:
+                    break
         self.updates += 1
         self.busy.end(span)
         if ro.cuda:
@@ -570,6 +566,38 @@ class PPO:
         self._learn_samples = getattr(self, "_learn_samples", 0) + n_mb * mb
         self.grad_steps = getattr(self, "grad_steps", 0) + n_mb
         self._last_stats = (stats, lr, clip, epochs_done, stop)
+
+    def _torch_minibatch(self, o, a, olp, adv_b, ret, ov, clip, want_stats, target_kl, stats) -> bool:
+        """One minibatch's loss and gradient with autograd (``NumpyLearner.minibatch``'s
+        contract: True, with no gradient, when the approximate KL stops the epochs)."""
+        cfg, pol = self.cfg, self.policy
+        clip_vf, ent_coef = cfg.clip_vf, cfg.ent_coef
+        params, v = pol.params_and_value(o)
+        logp, ent = pol.dist.log_prob_entropy(params, a, need_entropy=bool(ent_coef) or want_stats)
+        logratio = logp - olp
+        ratio = logratio.exp()
+        pg_loss = -torch.min(adv_b * ratio, adv_b * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
+        if clip_vf is not None:
+            v_clipped = ov + (v - ov).clamp(-clip_vf, clip_vf)
+            v_loss = torch.max((v - ret).square(), (v_clipped - ret).square()).mean()
+        else:
+            v_loss = (v - ret).square().mean()
+        loss = pg_loss + (0.5 * cfg.vf_coef) * v_loss
+        if ent_coef:
+            loss = loss - ent_coef * ent.mean()
+        if want_stats:
+            with torch.no_grad():
+                approx_kl = ((ratio - 1.0) - logratio).mean()
+                stats["kl"].append(approx_kl)
+                if target_kl is not None and approx_kl.item() > 1.5 * target_kl:
+                    return True
+                stats["cf"].append(((ratio - 1.0).abs() > clip).float().mean())
+                stats["pg"].append(pg_loss.detach())
+                stats["v"].append(0.5 * v_loss.detach())
+                stats["ent"].append(ent.detach().mean())
+        self.flat_grad.zero_()
+        loss.backward()
+        return False
 
     def summarize(self) -> dict:
         """Losses etc. of the last update (reads tensors: call at logging time only)."""
@@ -580,7 +608,7 @@ class PPO:
 
         def mean(key):
             xs = stats.get(key)
-            return float(torch.stack(xs).mean()) if xs else None
+            return float(np.mean([float(x) for x in xs])) if xs else None
 
         with torch.no_grad():
             ret = ro.ret.reshape(-1)
