@@ -7,6 +7,7 @@
     python benchmarks/bench_train.py --only pong
     python benchmarks/bench_train.py --only transports --seeds 3
     python benchmarks/bench_train.py --only learners --seeds 3
+    python benchmarks/bench_train.py --only learners --learner-envs CartPole-v1 --seeds 30
     python benchmarks/bench_train.py --out benchmarks/results   # also writes train.json / train.md
 
 Sections
@@ -329,10 +330,12 @@ LEARNER_ENVS = (("CartPole-v1", 475.0, 200_000), ("InvertedPendulum-v5", 950.0, 
                 ("HalfCheetah-v5", None, 200_000))
 
 
-def learners_section(seeds, timeout, log):
-    """The numpy learner against torch's autograd, seed by seed, in alternating order."""
+def learners_section(seeds, timeout, log, envs=None):
+    """The numpy learner against torch's autograd, seed by seed, in alternating order
+    (``envs``: a subset of ``LEARNER_ENVS`` by id)."""
     rows = []
-    for env_id, threshold, steps in LEARNER_ENVS:
+    chosen = [e for e in LEARNER_ENVS if envs is None or e[0] in envs]
+    for env_id, threshold, steps in chosen:
         for seed in range(seeds):
             order = ("numpy", "torch") if seed % 2 == 0 else ("torch", "numpy")
             for learner in order:
@@ -345,7 +348,7 @@ def learners_section(seeds, timeout, log):
                     r.get("error") or f"solved={r['solved']} steps={r['env_steps']} wall={r['wall_seconds']:.2f}s "
                                       f"return={r['final_mean_return']} learn={r['time_breakdown']['learn']:.2f}s"))
     summary = {}
-    for env_id, threshold, steps in LEARNER_ENVS:
+    for env_id, threshold, steps in chosen:
         for learner in ("numpy", "torch"):
             rs = [r for r in rows if r["env"] == env_id and r["candidate"] == learner and "error" not in r]
             summary[f"{env_id} {learner}"] = {
@@ -369,6 +372,8 @@ def main(argv=None) -> int:
                    help="extra fastvec --set overrides for the cartpole/pendulum runs")
     p.add_argument("--transport-envs", default="CartPole-v1,InvertedPendulum-v5",
                    help="envs for the transports section")
+    p.add_argument("--learner-envs", default=",".join(e[0] for e in LEARNER_ENVS),
+                   help="envs for the learners section")
     p.add_argument("--pong-steps", type=int, default=8192)
     p.add_argument("--pong-rollouts", type=int, default=2)
     p.add_argument("--pong-envs", type=int, default=8)
@@ -401,6 +406,10 @@ def main(argv=None) -> int:
     if set(t_envs) - set(THRESHOLDS):
         print(f"bench_train: --transport-envs must be among {sorted(THRESHOLDS)}", file=sys.stderr)
         return 2
+    l_envs = [e.strip() for e in args.learner_envs.split(",") if e.strip()]
+    if not l_envs or set(l_envs) - {e[0] for e in LEARNER_ENVS}:
+        print(f"bench_train: --learner-envs must be among {[e[0] for e in LEARNER_ENVS]}", file=sys.stderr)
+        return 2
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -422,7 +431,7 @@ def main(argv=None) -> int:
             for env_id in [e.strip() for e in args.transport_envs.split(",") if e.strip()]]
     if "learners" in parts:
         log("Learners: the numpy minibatch gradient against torch's autograd")
-        results["learners"] = learners_section(args.seeds or 3, args.timeout, log)
+        results["learners"] = learners_section(args.seeds or 3, args.timeout, log, l_envs)
     if "pong" in parts:
         log("Pong: engine random-action steps/s vs training loop steps/s")
         job = {"kind": "pong", "num_envs": args.pong_envs, "num_workers": None, "steps": args.pong_steps,

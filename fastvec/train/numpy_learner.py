@@ -21,6 +21,7 @@ in-place step is what the next minibatch sees.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -106,8 +107,6 @@ class NumpyLearner:
     def one_blas_thread(self):
         """A context for a whole update (see ``_blas_limit``); a no-op without threadpoolctl."""
         if self._threads is None:
-            import contextlib
-
             return contextlib.nullcontext()
         return self._threads.limit(limits=1, user_api="blas")
 
