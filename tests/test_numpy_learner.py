@@ -44,16 +44,17 @@ def reference_loss(pol, x, a, olp, adv, ret, ov, clip, ent_coef, vf_coef, clip_v
     return loss, dict(kl=kl, cf=cf, pg=pg, v=0.5 * v_loss, ent=ent.mean())
 
 
-@pytest.mark.parametrize("act_space, activation, ent_coef, clip_vf", [
-    (spaces.Box(-1, 1, (3,), np.float32), "tanh", 0.0, None),
-    (spaces.Box(-1, 1, (2,), np.float32), "relu", 0.01, 0.2),
-    (spaces.Discrete(4), "tanh", 0.01, None),
-    (spaces.Discrete(3), "relu", 0.0, 0.1),
+@pytest.mark.parametrize("act_space, activation, ent_coef, clip_vf, hidden", [
+    (spaces.Box(-1, 1, (3,), np.float32), "tanh", 0.0, None, (16, 12)),
+    (spaces.Box(-1, 1, (2,), np.float32), "relu", 0.01, 0.2, (16, 12)),
+    (spaces.Discrete(4), "tanh", 0.01, None, (16, 12)),
+    (spaces.Discrete(3), "relu", 0.0, 0.1, (16, 12)),
+    (spaces.Discrete(3), "tanh", 0.01, None, ()),  # a linear policy
 ])
-def test_gradient_matches_autograd(act_space, activation, ent_coef, clip_vf):
+def test_gradient_matches_autograd(act_space, activation, ent_coef, clip_vf, hidden):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    pol = make_policy(OBS, act_space, hidden=(16, 12), activation=activation, log_std_init=-0.3)
+    pol = make_policy(OBS, act_space, hidden=hidden, activation=activation, log_std_init=-0.3)
     ref = copy.deepcopy(pol).double()
     _flat, grad = flatten_parameters(pol)
     learner = NumpyLearner(pol, grad, ent_coef=ent_coef, vf_coef=0.7, clip_vf=clip_vf)
@@ -208,3 +209,12 @@ def test_learners_track_each_other_on_cartpole():
         rel = float((a - b).abs().max() / a.abs().max())
         assert rel < 1e-5, (t, rel)
     assert not torch.equal(params["numpy"][0], params["numpy"][-1]), "it learned"
+
+
+def test_a_linear_policy_acts_and_learns():
+    """hidden=() (one linear layer per head) used to fail at the first acting step."""
+    from fastvec.train.cli import run_training
+
+    cfg = PPOConfig(num_envs=4, num_workers=1, n_steps=16, total_steps=256, hidden=(), device="cpu")
+    res = run_training("CartPole-v1", cfg, progress=False, tensorboard=False, save=False)
+    assert res["env_steps"] == 256 and res["learner"] == "numpy" and res["grad_steps"] > 0

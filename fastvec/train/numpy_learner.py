@@ -58,10 +58,6 @@ class NumpyLearner:
     @staticmethod
     def why_not(policy: ActorCritic, device: torch.device, learn_threads: int) -> str | None:
         """None when this learner computes ``policy``'s update; else why it cannot."""
-        if device.type != "cpu":
-            return f"it runs on the CPU (the device is {device})"
-        if learn_threads != 1:
-            return f"it runs on one thread (learn_threads is {learn_threads})"
         if policy.kind != "mlp" or not policy.packable_obs:
             return "it needs an MLP policy over a Box observation"
         for seq in (policy.actor, policy.critic):
@@ -74,13 +70,17 @@ class NumpyLearner:
             return "it knows Box and Discrete actions (starting at 0)"
         if not isinstance(dist, (CategoricalDist, GaussianDist)):
             return f"it does not know {type(dist).__name__}"
+        if device.type != "cpu":
+            return f"it runs on the CPU (the device is {device})"
+        if learn_threads != 1:
+            return f"it runs on one thread (learn_threads is {learn_threads})"
         return None
 
     def __init__(self, policy: ActorCritic, flat_grad: torch.Tensor, ent_coef: float, vf_coef: float,
                  clip_vf: float | None):
         self.policy = policy
         self.gaussian = isinstance(policy.dist, GaussianDist)
-        self.relu = isinstance(policy.actor[1], nn.ReLU)
+        self.relu = any(isinstance(m, nn.ReLU) for m in policy.actor)
         self.ent_coef, self.vf_coef, self.clip_vf = float(ent_coef), float(vf_coef), clip_vf
         flat = flat_grad.numpy()
         base = flat_grad.data_ptr()
@@ -90,9 +90,9 @@ class NumpyLearner:
             """(parameter, its gradient) as numpy views into the flat tensors."""
             nonlocal covered
             g = p.grad
-            if g is None or g.data_ptr() < base or not g.is_contiguous():
+            off = -1 if g is None else (g.data_ptr() - base) // g.element_size()
+            if off < 0 or off + p.numel() > flat.size or not g.is_contiguous():
                 raise ValueError("the policy's parameters are not flattened (flatten_parameters)")
-            off = (g.data_ptr() - base) // g.element_size()
             covered += p.numel()
             return p.detach().numpy(), flat[off:off + p.numel()].reshape(tuple(p.shape))
 

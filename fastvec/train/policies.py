@@ -472,7 +472,9 @@ class ActorCritic(nn.Module):
         """The MLP actor as a list of (weight, bias) and the activation, for a forward
         pass without module dispatch (about half the per-step cost for tiny nets)."""
         layers = [(m.weight, m.bias) for m in self.actor if isinstance(m, nn.Linear)]
-        act = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu}.get(type(self.actor[1]))
+        acts = [type(m) for m in self.actor if not isinstance(m, nn.Linear)]
+        # hidden=(): one linear layer, no activation to apply (tanh stands in, unused)
+        act = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu}.get(acts[0]) if acts else torch.tanh
         self._fast = (layers, act) if act is not None else False
         return self._fast
 
