@@ -39,11 +39,10 @@ def _linear_layers(seq: nn.Sequential):
     return [m for m in seq if isinstance(m, nn.Linear)]
 
 
-def _blas_limit():
-    """A context that keeps numpy's BLAS on one thread while learning (a 256x64x64
-    product is above OpenBLAS's threading threshold: a second thread was slower here,
-    and its spinning afterwards takes a core from the env workers). Without
-    threadpoolctl: nothing is limited."""
+def _blas_controller():
+    """What keeps numpy's BLAS on one thread while learning (a 256x64x64 product is
+    above OpenBLAS's threading threshold: a second thread was slower here, and its
+    spinning afterwards takes a core from the env workers); None without threadpoolctl."""
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:  # pragma: no cover - a dependency of the train extra
@@ -78,7 +77,6 @@ class NumpyLearner:
 
     def __init__(self, policy: ActorCritic, flat_grad: torch.Tensor, ent_coef: float, vf_coef: float,
                  clip_vf: float | None):
-        self.policy = policy
         self.gaussian = isinstance(policy.dist, GaussianDist)
         self.relu = any(isinstance(m, nn.ReLU) for m in policy.actor)
         self.ent_coef, self.vf_coef, self.clip_vf = float(ent_coef), float(vf_coef), clip_vf
@@ -102,13 +100,13 @@ class NumpyLearner:
         if covered != flat.size:
             raise ValueError("the policy has parameters this learner does not know")
         self._log2pi_half = 0.5 * math.log(2 * math.pi)
-        self._threads = _blas_limit()
+        self._blas = _blas_controller()
 
     def one_blas_thread(self):
-        """A context for a whole update (see ``_blas_limit``); a no-op without threadpoolctl."""
-        if self._threads is None:
+        """A context for a whole update (see ``_blas_controller``); a no-op without threadpoolctl."""
+        if self._blas is None:
             return contextlib.nullcontext()
-        return self._threads.limit(limits=1, user_api="blas")
+        return self._blas.limit(limits=1, user_api="blas")
 
     # ------------------------------------------------------------------ passes
     def _forward(self, layers, x):
@@ -159,7 +157,8 @@ class NumpyLearner:
             inv = np.exp(-ls)
             z = actions - params
             z *= inv
-            logp = (z * z).sum(1)
+            zz = z * z
+            logp = zz.sum(1)
             logp *= -0.5
             logp -= ls.sum() + self._log2pi_half * ls.size
             ent = None
@@ -217,8 +216,7 @@ class NumpyLearner:
         if self.gaussian:
             g_params = z * inv
             g_params *= g_logp[:, None]
-            zz = z * z
-            zz -= 1.0
+            zz -= 1.0  # d logp / d log_std = z^2 - 1
             np.matmul(g_logp, zz, out=gls)
             if ent_coef:
                 gls -= ent_coef
