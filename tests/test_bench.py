@@ -2,6 +2,7 @@
 baselines SubprocVecEnv peer is a correct vector env."""
 import functools
 import json
+import time
 
 import numpy as np
 import pytest
@@ -193,6 +194,32 @@ def test_loops_run_in_fresh_processes_and_report(tmp_path, monkeypatch, capsys):
     md = (out / "results.md").read_text()
     assert "## Real loops" in md and "#### CleanRL CartPole x4 (cleanrl)" in md
     assert "Waits per step of fastvec.AsyncVectorEnv" in md and "worker naps, sleeps |" in md
+
+
+def test_a_loop_past_its_time_says_where_it_was_and_leaves_nothing(capfd):
+    """A child run past its timeout: its stacks and its workers' are printed, it is
+    killed, its workers exit and its segment is freed."""
+    import glob
+
+    import psutil
+
+    from fastvec.bench.loops import _run_child
+
+    shm_before = set(glob.glob("/dev/shm/fastvec_*"))
+    spec = dict(loop="cleanrl", env="CartPole-v1", num_envs=4, steps=10**9, cand="fastvec", round=0)
+    res = _run_child(spec, timeout=6.0)
+    assert res["error"].startswith("timed out after 6 s (Python stacks of processes"), res
+    err = capfd.readouterr().err
+    assert "in child_cleanrl" in err  # the child's own stack ...
+    assert err.count("in worker_main") == 2  # ... and both workers'
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+            [p for p in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
+            or set(glob.glob("/dev/shm/fastvec_*")) - shm_before):
+        time.sleep(0.2)
+    assert set(glob.glob("/dev/shm/fastvec_*")) - shm_before == set()
+    assert [p for p in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())] == []
 
 
 def test_only_loops_stands_for_every_loop():

@@ -192,6 +192,13 @@ def test_overrides_parse_types_and_reject_bad_input():
         apply_overrides(PPOConfig(), ["gamma=2"]).validate()
     with pytest.raises(ConfigError, match="n_steps"):
         apply_overrides(PPOConfig(), ["n_steps=0"]).validate()
+    assert apply_overrides(PPOConfig(), ["step_timeout=none"]).validate().step_timeout is None
+    assert apply_overrides(PPOConfig(), ["step_timeout=30"]).validate().step_timeout == 30.0
+    for bad in ("0", "-1", "inf"):
+        with pytest.raises(ConfigError, match="step_timeout must be a positive number or none"):
+            apply_overrides(PPOConfig(), [f"step_timeout={bad}"]).validate()
+    with pytest.raises(ConfigError, match="bad value for step_timeout"):
+        apply_overrides(PPOConfig(), ["step_timeout=nan"])
 
 
 # =============================================================================== GAE wiring

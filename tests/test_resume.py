@@ -503,6 +503,56 @@ def test_restart_on_error_false_fails_on_the_first_error(tmp_path, capsys):
         gym.registry.pop("FastvecTestBrokenCartPole-v1", None)
 
 
+class HangingCartPole(gym.Wrapper):
+    """CartPole-v1 whose env 0 (seeded 3, ``cartpole_cfg``'s seed) hangs at its ``at``-th
+    step: it sleeps two minutes, far past the test's bound, once per process (a replaced
+    worker's envs are not env 0 of a seeded reset, and do not hang)."""
+
+    def __init__(self, at: int = 300):
+        super().__init__(gym.make("CartPole-v1"))
+        self.at, self.n, self.index = at, 0, None
+
+    def reset(self, **kw):
+        if kw.get("seed") is not None:  # the first reset: env i gets seed 3 + i
+            self.index = kw["seed"] - 3
+        return self.env.reset(**kw)
+
+    def step(self, action):
+        self.n += 1
+        if self.index == 0 and self.n == self.at and not os.environ.get("FASTVEC_TEST_HUNG"):
+            os.environ["FASTVEC_TEST_HUNG"] = "1"  # this process only (a forked worker)
+            time.sleep(120)
+        return self.env.step(action)
+
+
+@pytest.mark.parametrize("restart", [True, False])
+def test_hung_env_is_replaced_after_step_timeout(tmp_path, capsys, restart):
+    """An env that stops answering: after ``step_timeout`` its worker is replaced and the
+    run goes on (a restart counted), or with ``restart_on_error=false`` the run ends with
+    a one-line error naming the wait, after a checkpoint; no process is left behind."""
+    gym.register("FastvecTestHangingCartPole-v0", entry_point=HangingCartPole)
+    try:
+        t0 = time.monotonic()
+        code = cli_main("train", ["FastvecTestHangingCartPole-v0", "--total-steps", "4000", "--seed", "3",
+                                  "--logdir", str(tmp_path / "r"), "--no-progress", "--no-tensorboard",
+                                  "--set", "step_timeout=2", "--set", f"restart_on_error={restart}"])
+        took = time.monotonic() - t0
+    finally:
+        gym.registry.pop("FastvecTestHangingCartPole-v0", None)
+    captured = capsys.readouterr()
+    assert took < 60, took  # the hung step was not waited out
+    if restart:
+        assert code == 0, captured.err
+        res = json.loads(captured.out.strip().splitlines()[-1])
+        assert res["restarts"] == 1 and res["env_steps"] >= 4000, res
+    else:
+        err = captured.err.strip().splitlines()
+        assert code == 1 and "WorkerError" in err[-1] and "did not answer within 2 s" in err[-1], err
+        assert os.path.exists(tmp_path / "r" / "checkpoint.pt")
+    left = [p for p in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
+    assert left == [], left  # the hung worker was killed, not left sleeping
+
+
 def test_flaky_env_trains_through_its_failures(tmp_path):
     """1 failure in 2,000 steps, 20k steps: the run completes and counts its restarts
     (in the result, TensorBoard's scalars and the checkpoint). The issue's 200k steps at

@@ -33,8 +33,10 @@ a worker napped towards its forecast or slept until the parent rang.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -399,14 +401,69 @@ def _run_child(spec: dict, timeout: float) -> dict:
         here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
         with tempfile.TemporaryDirectory(prefix="fastvec-loop-") as cwd:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout, cwd=cwd,
-                                  env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:g} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, text=True, cwd=cwd, env=env)
+            try:
+                out, _ = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pids = _dump_stacks(proc.pid)
+                # The child alone: its workers exit when it is gone, and its resource
+                # tracker then frees the segment it left.
+                proc.kill()
+                proc.communicate()
+                return {"error": f"timed out after {timeout:g} s (Python stacks of processes {pids} "
+                                 f"in the run's worker-output.log)"}
+    except OSError as exc:
+        return {"error": f"could not start: {exc}"}
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"error": f"exit code {proc.returncode}"}
     return json.loads(lines[-1])
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (Linux's /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+def _signal(pid: int, sig) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+def _dump_stacks(pid: int) -> list[int]:
+    """A child that ran past its time: have it and its workers (forked: they keep its
+    ``faulthandler`` registration) print their Python stacks to stderr, so that a hang
+    says where it was. Returns the pids."""
+    if not hasattr(signal, "SIGUSR1"):
+        return [pid]
+    # Only the child and its forks: another process below it (multiprocessing's
+    # resource tracker, which frees the segment once the child is gone) would die of
+    # the signal. One at a time, so that the stacks do not interleave.
+    pids = [p for p in _descendants(pid) if _cmdline(p) == _cmdline(pid)]
+    for p in pids:
+        _signal(p, signal.SIGUSR1)
+        time.sleep(0.5)
+    return pids
+
+
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _metric(loop: str, res: dict) -> dict:
@@ -550,6 +607,9 @@ def main(argv=None) -> int:
         print("usage: python -m fastvec.bench.loops '<json spec>' (run by fastvec bench)", file=sys.stderr)
         return 2
     spec = json.loads(argv[0])
+    # A run past its time is asked for its stacks (``_dump_stacks``) before it is killed.
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     res = CHILDREN[spec["loop"]](spec)
     sys.stdout.flush()
     print(json.dumps(res), flush=True)

@@ -290,7 +290,7 @@ def build_storage(env_id, cfg, *, venv=None, env_kwargs=None, backend: str = "en
 
         engine = RayEngine(fns, num_slots=slots, autoreset_mode="same_step", ray_address=ray_address,
                            num_actors=ray_actors, workers_per_actor=cfg.num_workers, spin_us=cfg.spin_us,
-                           restart_on_error=cfg.restart_on_error)
+                           restart_on_error=cfg.restart_on_error, step_timeout=cfg.step_timeout)
         return EngineStorage(engine, kind="fastvec-ray")
     from ..engine import Engine, batch_workers
     from ..options import available_cores, default_num_workers
@@ -305,6 +305,7 @@ def build_storage(env_id, cfg, *, venv=None, env_kwargs=None, backend: str = "en
                               "each group steps on workers of its own, with as many envs each") from None
     engine = Engine(fns, num_workers=workers, num_slots=slots, autoreset_mode="same_step",
                     context=cfg.context, spin_us=cfg.spin_us, restart_on_error=cfg.restart_on_error,
+                    step_timeout=cfg.step_timeout,
                     main_spin_us=main_spin_for(cfg, workers or default_num_workers(cfg.num_envs),
                                                available_cores()))
     return EngineStorage(engine, groups=cfg.env_groups)

@@ -116,6 +116,10 @@ class PPOConfig:
     """More than this many worker restarts within ``restart_window`` env steps ends the run."""
     restart_window: int = 50_000
     """Env steps over which ``max_restarts`` counts."""
+    step_timeout: float | None = 300.0
+    """Seconds a worker may take to step or reset its envs before it counts as hung: it is
+    replaced like a dead one (``restart_on_error``), else the run ends with an error; none:
+    wait forever. Applies to fastvec's own envs (engine and Ray), not to a vector env passed in."""
 
     def validate(self) -> "PPOConfig":
         def pos_int(name):
@@ -154,7 +158,7 @@ class PPOConfig:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
                                   or not 0 <= v < 1e6):
                 raise ConfigError(f"{name} must be in [0, 1e6) microseconds or none, got {v!r}")
-        for name in ("target_kl", "clip_vf"):
+        for name in ("target_kl", "clip_vf", "step_timeout"):
             v = getattr(self, name)
             if v is not None and not (v > 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a positive number or none, got {v!r}")
@@ -288,7 +292,7 @@ def apply_overrides(cfg: PPOConfig, items) -> PPOConfig:
 SAFE_ON_RESUME = frozenset({
     "total_steps", "stop_at_return", "solve_return", "device", "torch_threads", "learn_threads", "learner",
     "num_workers", "context", "spin_us", "main_spin_us", "env_groups", "log_every_s", "checkpoint_every", "keep_checkpoints",
-    "restart_on_error", "max_restarts", "restart_window",
+    "restart_on_error", "max_restarts", "restart_window", "step_timeout",
 })
 
 
