@@ -363,6 +363,9 @@ def child_train(spec: dict) -> dict:
     cfg.seed = 0
     cfg.total_steps = spec["steps"]
     cfg.stop_at_return = None
+    # A hung step is waited out and its stacks printed (``_dump_stacks``), not turned
+    # into a worker restart that would only make this run slower.
+    cfg.step_timeout = None
     cand = spec["cand"]
     if cand.endswith("_autograd"):  # the ablation: torch's autograd where the numpy learner applies
         cfg.learner = "torch"
