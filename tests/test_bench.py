@@ -201,11 +201,15 @@ def test_a_loop_past_its_time_says_where_it_was_and_leaves_nothing(capfd):
     killed, its workers exit and its segment is freed."""
     import glob
 
-    import psutil
-
+    import conftest
     from fastvec.bench.loops import _run_child
 
     shm_before = set(glob.glob("/dev/shm/fastvec_*"))
+    before = {p.pid for p in conftest._live_children()}  # e.g. an earlier test's forkserver
+
+    def left():
+        return [p for p in conftest._live_children() if p.pid not in before]
+
     spec = dict(loop="cleanrl", env="CartPole-v1", num_envs=4, steps=10**9, cand="fastvec", round=0)
     res = _run_child(spec, timeout=6.0)
     assert res["error"].startswith("timed out after 6 s (Python stacks of processes"), res
@@ -213,13 +217,10 @@ def test_a_loop_past_its_time_says_where_it_was_and_leaves_nothing(capfd):
     assert "in child_cleanrl" in err  # the child's own stack ...
     assert err.count("in worker_main") == 2  # ... and both workers'
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (
-            [p for p in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
-            or set(glob.glob("/dev/shm/fastvec_*")) - shm_before):
+    while time.monotonic() < deadline and (left() or set(glob.glob("/dev/shm/fastvec_*")) - shm_before):
         time.sleep(0.2)
     assert set(glob.glob("/dev/shm/fastvec_*")) - shm_before == set()
-    assert [p for p in psutil.Process().children(recursive=True)
-            if "resource_tracker" not in " ".join(p.cmdline())] == []
+    assert left() == []
 
 
 def test_only_loops_stands_for_every_loop():

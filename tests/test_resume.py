@@ -21,6 +21,7 @@ import psutil
 import pytest
 import torch
 
+import conftest
 from fastvec.engine import Engine
 from fastvec.train import PPO, EngineStorage, PPOConfig, apply_overrides, load_checkpoint
 from fastvec.train.checkpoints import resume_checkpoint, save_checkpoint
@@ -531,6 +532,7 @@ def test_hung_env_is_replaced_after_step_timeout(tmp_path, capsys, restart):
     run goes on (a restart counted), or with ``restart_on_error=false`` the run ends with
     a one-line error naming the wait, after a checkpoint; no process is left behind."""
     gym.register("FastvecTestHangingCartPole-v0", entry_point=HangingCartPole)
+    before = {p.pid for p in conftest._live_children()}  # e.g. an earlier test's forkserver
     try:
         t0 = time.monotonic()
         code = cli_main("train", ["FastvecTestHangingCartPole-v0", "--total-steps", "4000", "--seed", "3",
@@ -549,7 +551,7 @@ def test_hung_env_is_replaced_after_step_timeout(tmp_path, capsys, restart):
         err = captured.err.strip().splitlines()
         assert code == 1 and "WorkerError" in err[-1] and "did not answer within 2 s" in err[-1], err
         assert os.path.exists(tmp_path / "r" / "checkpoint.pt")
-    left = [p for p in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
+    left = [p for p in conftest._live_children() if p.pid not in before]
     assert left == [], left  # the hung worker was killed, not left sleeping
 
 
