@@ -144,8 +144,9 @@ def test_loop_ratios_are_per_round_against_the_baseline():
 
     case = {"case": "toy", "cands": ("sync", "fastvec")}
     waits = [dict(parent_naps=0.0, parent_sleeps=p, worker_naps=0.5, worker_sleeps=0.1) for p in (0.2, 0.4)]
-    runs = {"sync": [{"sps": 100.0}, {"sps": 200.0}, {"sps": 50.0}],
-            "fastvec": [{"sps": 150.0, "waits": waits[0]}, {"sps": 200.0, "waits": waits[1]}, {"error": "exit code 1"}]}
+    runs = {"sync": [{"sps": 100.0, "steal": 0.0}, {"sps": 200.0, "steal": 0.01}, {"sps": 50.0, "steal": 0.125}],
+            "fastvec": [{"sps": 150.0, "waits": waits[0], "steal": 0.02}, {"sps": 200.0, "waits": waits[1]},
+                        {"error": "exit code 1"}]}
     out = summarize("cleanrl", case, runs)
     rows = {r["candidate"]: r for r in out["candidates"]}
     s = rows["fastvec"]["stats"]["sps"]
@@ -159,6 +160,8 @@ def test_loop_ratios_are_per_round_against_the_baseline():
     md = render_markdown([out])
     assert "| fastvec.AsyncVectorEnv | 175 (150-200) | **1.25x** (1.00-1.50) | 0.30; 0.50, 0.10 |" in md
     assert "| gymnasium SyncVectorEnv | 100 (50-200) | **1.00x** (1.00-1.00) |  |" in md
+    # the runs that recorded it: median of (0, 1, 12.5, 2)%, and whose run had the most
+    assert "median 1.5%, at most 12.5% (gymnasium SyncVectorEnv, round 3)." in md
 
 
 def test_loops_run_in_fresh_processes_and_report(tmp_path, monkeypatch, capsys):
@@ -179,6 +182,7 @@ def test_loops_run_in_fresh_processes_and_report(tmp_path, monkeypatch, capsys):
     for case in res["loops"]:
         for row in case["candidates"]:
             assert row["errors"] == [] and len(row["runs"]) == 2, row
+            assert all(0.0 <= res["steal"] <= 1.0 for res in row["runs"]), row["runs"]  # Linux's /proc/stat
             for key, s in row["stats"].items():
                 assert s["min"] <= s["median"] <= s["max"] and s["ratio"] > 0, key
     gap = {r["candidate"]: r for r in res["loops"][0]["candidates"]}
@@ -194,6 +198,7 @@ def test_loops_run_in_fresh_processes_and_report(tmp_path, monkeypatch, capsys):
     md = (out / "results.md").read_text()
     assert "## Real loops" in md and "#### CleanRL CartPole x4 (cleanrl)" in md
     assert "Waits per step of fastvec.AsyncVectorEnv" in md and "worker naps, sleeps |" in md
+    assert md.count("CPU steal during the runs") == 2  # under each case
 
 
 def test_a_loop_past_its_time_says_where_it_was_and_leaves_nothing(capfd):

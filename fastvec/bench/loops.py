@@ -395,8 +395,21 @@ CHILDREN = {"gap": child_gap, "policy": child_policy, "sb3": child_sb3, "cleanrl
 
 
 # ------------------------------------------------------------------ in the parent
+def _cpu_ticks():
+    """(steal, total) ticks of all CPUs since boot, from Linux's /proc/stat; None elsewhere.
+    Steal is the time the hypervisor ran other guests while this VM wanted the CPU: a
+    multi-process candidate loses more to it than a serial one, so each run records it."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (ticks[7] if len(ticks) > 7 else 0), sum(ticks[:8])
+
+
 def _run_child(spec: dict, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "fastvec.bench.loops", json.dumps(spec)]
+    t0 = _cpu_ticks()
     try:
         # The child imports the fastvec this process runs: its folder first on the path,
         # and an empty cwd (`python -m` puts the cwd first, and an unbuilt source checkout
@@ -420,7 +433,11 @@ def _run_child(spec: dict, timeout: float) -> dict:
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"error": f"exit code {proc.returncode}"}
-    return json.loads(lines[-1])
+    res = json.loads(lines[-1])
+    t1 = _cpu_ticks()
+    if t0 and t1 and t1[1] > t0[1]:
+        res["steal"] = (t1[0] - t0[0]) / (t1[1] - t0[1])
+    return res
 
 
 def _descendants(pid: int) -> list[int]:
@@ -530,6 +547,18 @@ def summarize(loop: str, case: dict, runs: dict) -> dict:
     return {"loop": loop, "case": case["case"], "baseline": base, "candidates": rows}
 
 
+def _steal_line(case: dict) -> str:
+    """The CPU steal over the case's runs: its median, and its largest, with whose run."""
+    seen = [(res["steal"], row["label"], r) for row in case["candidates"]
+            for r, res in enumerate(row["runs"]) if res.get("steal") is not None]
+    if not seen:
+        return ""
+    top = max(seen)
+    return (f"\nCPU steal during the runs (the hypervisor's time for other guests): median "
+            f"{100 * float(np.median([s for s, _, _ in seen])):.1f}%, at most {100 * top[0]:.1f}% "
+            f"({top[1]}, round {top[2] + 1}).")
+
+
 WAIT_KEYS = ("parent_naps", "parent_sleeps", "worker_naps", "worker_sleeps")
 
 
@@ -588,6 +617,8 @@ def render_markdown(cases: list[dict]) -> str:
                     continue
                 lines.append(f"| {row['label']} | {s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) | "
                              f"{_ratio(s)} |{tail}")
+        if _steal_line(case):
+            lines.append(_steal_line(case))
     return "\n".join(lines) + "\n"
 
 
