@@ -249,11 +249,15 @@ class Engine(WorkerReplies, EngineBase):
         ``parent``: of its waits for the workers' replies, how many napped towards a
         forecast and how many slept until a worker rang; ``workers[w]``: the same for
         worker w's waits for the next command. Every other wait was spun through. A
-        replaced worker counts from 0."""
+        replaced worker counts from 0. ``lost`` (each side): sleeps that ended on the
+        periodic look at the flags (every 100 ms) with what they waited for already
+        there, the doorbell that should have woken them never rung; 0 unless
+        something is wrong."""
         if self._closed:
             raise ClosedError("this vector env is closed")
-        workers = [dict(zip(("naps", "sleeps"), self._ctl.worker_waits(w))) for w in range(self.num_workers)]
-        return {"parent": {"naps": int(self._ctl.naps), "sleeps": int(self._ctl.sleeps)}, "workers": workers}
+        workers = [dict(zip(("naps", "sleeps", "lost"), self._ctl.worker_waits(w))) for w in range(self.num_workers)]
+        return {"parent": {"naps": int(self._ctl.naps), "sleeps": int(self._ctl.sleeps), "lost": int(self._ctl.lost)},
+                "workers": workers}
 
     def _unit(self, w: int) -> str:
         return f"worker {w}"

@@ -294,3 +294,4 @@ def test_train_loop_child_runs_the_learner_it_names():
     for cand, learner in (("sync", "numpy"), ("engine_autograd", "torch")):
         res = child_train({"env": "CartPole-v1", "steps": 1024, "cand": cand})
         assert res["learner"] == learner and res["times"]["learn"] > 0, cand
+        assert res["lost_wakeups"] == (None if cand == "sync" else 0), res

@@ -351,6 +351,7 @@ def test_same_trajectories_on_gymnasium_vector_env():
     finally:
         venv.close()
     assert b["backend"] == "gymnasium" and a["backend"] == "fastvec"
+    assert a["lost_wakeups"] == 0 and b["lost_wakeups"] is None  # every sleep ended by its doorbell
     assert a["env_steps"] == b["env_steps"] and a["episodes"] == b["episodes"]
     assert a["final_mean_return"] == pytest.approx(b["final_mean_return"])
 
@@ -385,7 +386,7 @@ def test_trainer_waits_for_its_workers_by_the_cores_left():
         cfg.main_spin_us = main_spin
         res = train("CartPole-v1", cfg, progress=False)
         want = main_spin_for(cfg, 2, available_cores())
-        assert res["main_spin_us"] == want and res["num_workers"] == 2
+        assert res["main_spin_us"] == want and res["num_workers"] == 2 and res["lost_wakeups"] == 0
         assert (res["env_steps"], res["episodes"]) == (ref["env_steps"], ref["episodes"])
         assert res["final_mean_return"] == pytest.approx(ref["final_mean_return"])
 
@@ -425,8 +426,9 @@ def test_run_directory_contents_and_eval(tmp_path):
     keys = set().union(*rows)
     for k in ("charts/env_sps", "charts/learner_sps", "losses/approx_kl", "losses/clip_fraction",
               "losses/explained_variance", "health/workers_alive", "health/step_latency_us",
-              "health/main_rss_mb", "charts/mean_episode_length"):
+              "health/main_rss_mb", "charts/mean_episode_length", "health/lost_wakeups"):
         assert k in keys, k
+    assert all(row.get("health/lost_wakeups", 0) == 0 for row in rows)
     ckpt = load_checkpoint(str(run / "checkpoint.pt"))
     assert ckpt["env_id"] == "CartPole-v1" and ckpt["action_space"] == spaces.Discrete(2)
     assert "state_dict" in ckpt and ckpt["config"]["seed"] == 1

@@ -165,7 +165,10 @@ def _count_waits(eng, steps: int, gap: float = 0.0, warm_up: int = 30) -> dict:
     run(warm_up)
     before = flat(eng.wait_counts())
     run(steps)
-    after = flat(eng.wait_counts())
+    counts = eng.wait_counts()
+    after = flat(counts)
+    # every sleep was ended by its doorbell, none by the periodic look at the flags
+    assert [counts["parent"]["lost"]] + [w["lost"] for w in counts["workers"]] == [0] * (1 + eng.num_workers), counts
     return {k: (after[k][0] - before[k][0], after[k][1] - before[k][1]) for k in after}
 
 
@@ -213,3 +216,95 @@ def test_short_waits_are_spun_long_ones_napped():
         eng.reset(0, {i: {"seed": i} for i in range(4)})
         counts = _count_waits(eng, 30, warm_up=15)
         assert counts["parent"][0] >= 20, f"the parent should nap through a 6 ms step: {counts}"
+
+
+# The control block's layout (channel.pyx): per worker, columns the parent writes, then
+# columns the worker writes; the last row is the parent's own.
+CMD_SEQ, CMD, SLOT, ARG, LOST, DONE_SEQ, SLEEPING = 0, 1, 2, 3, 7, 8, 12
+
+
+def _doorbells(n_workers: int = 1):
+    """A bare control block and one socketpair per worker: both sides of the doorbells
+    in this process, with no engine around them."""
+    import socket
+
+    from fastvec._core import protocol as P
+
+    ctl = np.zeros((n_workers + 1, P.CTL_COLS), dtype=np.int64)
+    pairs = [socket.socketpair() for _ in range(n_workers)]
+    fds = np.array([a.fileno() for a, _b in pairs], dtype=np.intc)
+    return ctl, pairs, fds
+
+
+@pytest.mark.parametrize("rung", [True, False], ids=["rung", "ring_lost"])
+def test_a_parent_asleep_finds_replies_whose_doorbell_never_rang(rung):
+    """The parent sleeps until the last worker rings; should that ring never come, its
+    periodic look at the flags ends the wait 100 ms late (not never) and counts it."""
+    import threading
+
+    from fastvec._core import protocol as P
+    from fastvec._core.channel import Controller
+
+    ctl, pairs, fds = _doorbells(2)
+    try:
+        c = Controller(ctl, fds, 0.0)  # no spin: it sleeps at once
+        c.issue_all(P.CMD_STEP, 0)
+
+        def workers_answer():
+            time.sleep(0.05)
+            for w in (0, 1):
+                ctl[w, DONE_SEQ] = ctl[w, CMD_SEQ]  # the reply, published ...
+            if rung:  # ... and the last worker's doorbell
+                pairs[1][1].send(np.array([P.WAKE, 0, 0, 0], dtype=np.int32).tobytes())
+
+        t = threading.Thread(target=workers_answer, daemon=True)
+        t0 = time.monotonic()
+        t.start()
+        status = c.wait(np.array([0, 1], dtype=np.intc), 5.0)
+        took = time.monotonic() - t0
+        t.join()
+        assert status == (0, -1), status
+        assert c.sleeps == 1 and c.lost == (0 if rung else 1), (c.sleeps, c.lost)
+        assert took < 1.0, took  # 0.05 s, or 0.15 s with the ring lost: not the 5 s timeout
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+
+
+@pytest.mark.parametrize("rung", [True, False], ids=["rung", "ring_lost"])
+def test_a_worker_asleep_finds_a_command_whose_doorbell_never_rang(rung):
+    """The same on the worker's side: asleep for the next command, it finds one that came
+    without its doorbell on its next look at the flags, and counts it."""
+    import threading
+
+    from fastvec._core import protocol as P
+    from fastvec._core.channel import Controller, WorkerChannel
+
+    ctl, pairs, fds = _doorbells(1)
+    try:
+        c = Controller(ctl, fds, 0.0)
+        chan = WorkerChannel(ctl, 0, pairs[0][1].fileno(), 0.0)  # no spin: it sleeps at once
+        got = []
+        t = threading.Thread(target=lambda: got.append(chan.wait_command()), daemon=True)
+        t.start()
+        deadline = time.monotonic() + 5
+        while not ctl[0, SLEEPING] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert ctl[0, SLEEPING] == 1, "the worker did not go to sleep"
+        t0 = time.monotonic()
+        if rung:
+            c.issue_all(P.CMD_STEP, 3)  # sees the worker asleep: rings
+        else:  # the same command, published without the doorbell
+            ctl[0, CMD], ctl[0, SLOT], ctl[0, ARG] = P.CMD_STEP, 3, P.NO_PAYLOAD
+            ctl[0, CMD_SEQ] += 1
+        t.join(5)
+        took = time.monotonic() - t0
+        assert not t.is_alive(), "the worker never saw its command"
+        assert got == [(P.CMD_STEP, 3, P.NO_PAYLOAD, None)], got
+        assert c.worker_waits(0) == (0, 1, 0 if rung else 1), c.worker_waits(0)
+        assert took < 1.0, took
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()

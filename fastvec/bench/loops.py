@@ -24,7 +24,8 @@ serial baseline of the same round. Two ablations show what each default buys:
 the loop (``spin_us=200, main_spin_us=20``), ``*_torch`` fastvec with torch's threads
 left alone (``torch_threads=None``; see ``fastvec.doors.threads``); for ``train``,
 ``engine_spin`` is the trainer spinning through its workers' step where it would sleep
-(``fastvec.train.cli.main_spin_for``), ``*_autograd`` the trainer with torch's autograd
+(``fastvec.train.cli.main_spin_for``), ``engine_lockstep`` Pong without its preset's
+batch groups, ``*_autograd`` the trainer with torch's autograd
 where its numpy learner applies (``PPOConfig.learner``; the ratios stay against the
 default Sync run). For fastvec's candidates (not ``train``, whose
 engine is inside the trainer) the report also counts what its waits did per step
@@ -79,6 +80,9 @@ CASES = {
              cands=("sync", "engine", "engine_spin")),
         dict(case="fastvec train HalfCheetah-v5 (100k steps)", env="HalfCheetah-v5", steps=102_400,
              cands=("sync", "engine", "engine_spin", "sync_autograd", "engine_autograd")),
+        dict(case="fastvec train Acrobot-v1", env="Acrobot-v1", steps=65_536, cands=("sync", "engine")),
+        dict(case="fastvec train Pong (16k steps)", env="ALE/Pong-v5", steps=16_384,
+             cands=("sync", "engine", "engine_lockstep")),
     ],
 }
 LOOPS = tuple(CASES)
@@ -89,6 +93,7 @@ LABELS = {
     "dummy": "SB3 DummyVecEnv", "sb3_subproc": "SB3 SubprocVecEnv", "fastvec_sb3": "fastvec.SubprocVecEnv",
     "fastvec_sb3_fixed": "fastvec.SubprocVecEnv, fixed spins 200/20 us", "engine": "fastvec engine",
     "engine_spin": "fastvec engine, spinning through the step",
+    "engine_lockstep": "fastvec engine, lock-step (env_groups=1)",
     "sync_autograd": "gymnasium SyncVectorEnv, autograd learner", "engine_autograd": "fastvec engine, autograd learner",
     "fastvec_torch": "fastvec.AsyncVectorEnv, torch_threads=None",
     "fastvec_sb3_torch": "fastvec.SubprocVecEnv, torch_threads=None",
@@ -145,7 +150,16 @@ def _waits_per_step(before, after, steps: int):
         "worker_naps": sum(a["naps"] - b["naps"] for a, b in zip(after["workers"], before["workers"])) / n / steps,
         "worker_sleeps": sum(a["sleeps"] - b["sleeps"] for a, b in zip(after["workers"], before["workers"])) / n
         / steps,
+        # a count, not per step: sleeps no doorbell ended (``Engine.wait_counts``); 0 unless something is wrong
+        "lost": (after["parent"]["lost"] - before["parent"]["lost"]
+                 + sum(a["lost"] - b["lost"] for a, b in zip(after["workers"], before["workers"]))),
     }
+
+
+def _lost_wakeups(res: dict) -> int:
+    """The sleeps of a child's run that no doorbell ended (its waits, or the trainer's)."""
+    waits = [res.get("waits")] + [g.get("waits") for g in (res.get("gaps") or {}).values()]
+    return int(res.get("lost_wakeups") or 0) + sum(int(w.get("lost", 0)) for w in waits if w)
 
 
 def _fixed_work(ms_list):
@@ -370,6 +384,8 @@ def child_train(spec: dict) -> dict:
     if cand.endswith("_autograd"):  # the ablation: torch's autograd where the numpy learner applies
         cfg.learner = "torch"
         cand = cand[: -len("_autograd")]
+    if cand in ("sync", "engine_lockstep"):
+        cfg.env_groups = 1  # as ``fastvec train --backend sync`` does with a preset's groups
     t0 = time.perf_counter()
     if cand == "sync":
         from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -387,7 +403,7 @@ def child_train(spec: dict) -> dict:
         res = run_training(env_id, cfg, progress=False, tensorboard=False, save=False)
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "sps": res["env_steps"] / wall, "times": res["time_breakdown"],
-            "env_groups": res["env_groups"], "learner": res["learner"]}
+            "env_groups": res["env_groups"], "learner": res["learner"], "lost_wakeups": res["lost_wakeups"]}
 
 
 CHILDREN = {"gap": child_gap, "policy": child_policy, "sb3": child_sb3, "cleanrl": child_cleanrl,
@@ -514,6 +530,9 @@ def run_loops(loops=LOOPS, repeats: int = 3, progress=None, notes: list | None =
                     runs[c].append(res)
                     if "error" in res:
                         notes.append(f"{loop} / {case['case']} / {c} round {r}: {res['error']}")
+                    elif _lost_wakeups(res):
+                        notes.append(f"{loop} / {case['case']} / {c} round {r}: {_lost_wakeups(res)} sleeps "
+                                     f"ended by the 100 ms look at the flags, not by a doorbell (lost wake-ups)")
                     if progress:
                         progress("", 1)
             out.append(summarize(loop, case, runs))

@@ -70,6 +70,15 @@ class _RestartWatch:
                 f"(max_restarts={self.limit}); the last: {last}")
 
 
+def _lost_wakeups(storage) -> int | None:
+    """The engine's lost wake-ups so far (``Engine.wait_counts``); None on other backends."""
+    engine = getattr(storage, "engine", None)
+    if not hasattr(engine, "wait_counts"):
+        return None
+    counts = engine.wait_counts()
+    return counts["parent"]["lost"] + sum(w["lost"] for w in counts["workers"])
+
+
 def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kwargs: dict | None = None,
           init: dict | None = None, resume: dict | None = None, stop=None, progress: bool = True,
           save: bool = True, t_start: float | None = None) -> dict:
@@ -218,6 +227,8 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
                 rss = process_rss()
                 if rss:
                     scal["health/main_rss_mb"] = rss["main"] / 2**20
+                if (lost := _lost_wakeups(storage)) is not None:
+                    scal["health/lost_wakeups"] = lost
                 monitor.log(ppo.env_steps, scal, {"charts/episode_returns": rets,
                                                   "charts/episode_lengths": lens})
                 if bar is not None and mean_ret is not None:
@@ -227,6 +238,7 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
         phase = "end"
         restarts.check(ppo.env_steps)  # counted, not limited: the run is over
         busy.take(ppo.t_act + ppo.t_prep + ppo.t_learn - last_compute)
+        lost = _lost_wakeups(storage)  # before the engine closes
     except BaseException as exc:
         # The envs failed (or too many restarts): the learner's state of the last safe
         # point is whole, so keep it. Not after a second Ctrl-C: that one means now.
@@ -280,6 +292,8 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
         # this process's share of wall time with the learner's device computing (fastvec.train.busy)
         "device_busy_fraction": None if ppo.busy.fraction is None else round(ppo.busy.fraction, 4),
         "restarts": restarts.total,
+        # sleeps that no doorbell ended, found by the engine's 100 ms look at the flags (None: not the engine)
+        "lost_wakeups": lost,
         "interrupted": interrupted,
         "resumed": resume is not None or bool(state.get("resumed")),
     }

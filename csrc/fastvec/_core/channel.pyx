@@ -277,6 +277,10 @@ cdef long long WORKER_WINDOW_LO_NS = 100000
 cdef long long WORKER_WINDOW_HI_NS = 1000000
 cdef long long MIN_NAP_NS = 40000            # shorter naps cost more than they save: spin instead
 cdef long long SPIN_THROUGH_NS = 3000000     # waits forecast this short are spun through, no nap
+# A side that sleeps "for good" still looks at the flags this often: should a wake-up
+# ever be lost, the wait ends this late instead of never, and is counted (``lost``).
+cdef long long RECHECK_NS = 100000000
+cdef long long LATE_RING_NS = 10000000  # a ring this late after the flag is a race, not lost
 
 cdef enum:
     NAP_LATE0_NS = 60000        # first guess of how late a nap returns
@@ -348,6 +352,7 @@ cdef enum:
     C_ARG = 3
     C_WAITED = 4
     C_ISSUED_NS = 5
+    C_LOST = 7     # a worker's waits that found its command without the doorbell ringing (rare: in the parent's line)
     C_DONE_SEQ = 8
     C_REPLY = 9
     C_REPLY_SLOT = 10
@@ -395,8 +400,9 @@ cdef class Controller:
     cdef bint adaptive
     cdef Forecast fc
     cdef long long t_issue  # when the step being waited for was issued (0: not a step)
-    # How many waits for replies napped, and slept until a worker rang (diagnostics).
-    cdef public long long naps, sleeps
+    # How many waits for replies napped, and slept until a worker rang (diagnostics);
+    # ``lost``: sleeps that found every reply in without the doorbell (see RECHECK_NS).
+    cdef public long long naps, sleeps, lost
 
     def __init__(self, object ctl_array, int[::1] fds, double spin_us):
         cdef cnp.ndarray arr = ctl_array
@@ -412,13 +418,14 @@ cdef class Controller:
         self.stash = [None] * self.n
         fc_init(&self.fc)
         self.t_issue = 0
-        self.naps = self.sleeps = 0
+        self.naps = self.sleeps = self.lost = 0
 
     def worker_waits(self, int w):
-        """``(naps, sleeps)``: how many of worker w's waits for a command napped, and
-        slept until the parent's doorbell (the rest were spun through)."""
+        """``(naps, sleeps, lost)``: how many of worker w's waits for a command napped,
+        and slept until the parent's doorbell (the rest were spun through); ``lost``:
+        sleeps that found the command in without the doorbell (see RECHECK_NS)."""
         cdef long long *r = self.row(w)
-        return int(fv_load(&r[C_NAPS])), int(fv_load(&r[C_SLEEPS]))
+        return int(fv_load(&r[C_NAPS])), int(fv_load(&r[C_SLEEPS])), int(fv_load(&r[C_LOST]))
 
     @property
     def forecast_us(self):
@@ -515,6 +522,7 @@ cdef class Controller:
         cdef Py_ssize_t m = workers.shape[0], k
         cdef int w, r, pending
         cdef long long now, timeout_ns, until
+        cdef bint recheck
         cdef long long *main_sleeping = self.row(self.n)
         cdef int hdr[4]
         cdef pollfd *pfds
@@ -538,6 +546,9 @@ cdef class Controller:
         until = deadline
         if nap_until >= 0 and (until < 0 or nap_until < until):
             until = nap_until
+        recheck = nap_until < 0 and (until < 0 or now + RECHECK_NS < until)
+        if recheck:
+            until = now + RECHECK_NS
         if deadline >= 0 and now >= deadline:
             fv_store(main_sleeping, 0)
             for k in range(m):
@@ -552,6 +563,11 @@ cdef class Controller:
         fv_store(main_sleeping, 0)
         if r == 0 and nap_until >= 0 and until == nap_until:
             fc_nap_returned(&self.fc, fv_now_ns() - nap_until)
+        if r == 0 and recheck and (self._any_done(workers) if any_done else not self._pending(workers)):
+            with nogil:  # a ring on its way (the worker was between its flag and its write)?
+                r = fv_poll_ns(pfds, m, LATE_RING_NS)
+            if r == 0:
+                self.lost += 1  # the ring that should have ended this sleep never came
         if r < 0:
             if errno == EINTR:
                 PyErr_CheckSignals()
@@ -749,6 +765,7 @@ cdef class WorkerChannel:
         self.t_pub = 0
         self.ctl[C_NAPS] = 0
         self.ctl[C_SLEEPS] = 0
+        self.ctl[C_LOST] = 0
         if self.adaptive:
             fv_precise_timers()  # this is the worker's own process
             self.fc.late = 0
@@ -812,6 +829,8 @@ cdef class WorkerChannel:
         cdef long long *r = self.ctl
         cdef long long now = fv_now_ns(), target, nap_until
         cdef long long spin_end = now + self.spin_ns
+        cdef pollfd p
+        cdef int ready
         cdef bint got = fv_load(&r[C_CMD_SEQ]) != self.seen
         if not got and self.adaptive and self.fc.expect > 0 and self.t_pub > 0:
             # Nap until shortly before the parent's next command should come, then
@@ -839,9 +858,24 @@ cdef class WorkerChannel:
             if fv_load(&r[C_CMD_SEQ]) != self.seen:
                 fv_store(&r[C_SLEEPING], 0)
                 break
-            self._take_header()
+            p.fd = self.fd
+            p.events = POLLIN
+            p.revents = 0
+            with nogil:
+                ready = fv_poll_ns(&p, 1, RECHECK_NS)
+            if ready > 0:
+                self._take_header()
+            elif ready < 0 and errno == EINTR:
+                PyErr_CheckSignals()
             fv_store(&r[C_SLEEPING], 0)
             if fv_load(&r[C_CMD_SEQ]) != self.seen:
+                if ready == 0:  # a doorbell on its way (the parent between its flag and its write)?
+                    with nogil:
+                        ready = fv_poll_ns(&p, 1, LATE_RING_NS)
+                    if ready > 0:
+                        self._take_header()
+                    else:  # it never came
+                        fv_store(&r[C_LOST], r[C_LOST] + 1)
                 break
         self.seen = fv_load(&r[C_CMD_SEQ])
         if self.adaptive and self.t_pub > 0:
@@ -854,6 +888,12 @@ cdef class WorkerChannel:
         """The slot of the command last waited for if it is a plain step, else -1 (a
         step whose actions travel pickled has a payload: the Python loop takes it)."""
         return <int>self.ctl[C_SLOT] if self.ctl[C_CMD] == CMD_STEP and self.ctl[C_ARG] == NO_PAYLOAD else -1
+
+    def wait_command(self):
+        """Wait for the next command as the step loop does (``_wait``), then return it
+        as ``current_command`` does (the tests drive one side of the doorbells alone)."""
+        self._wait()
+        return self.current_command()
 
     def current_command(self):
         """The command last waited for, with its payload read off the socket."""
