@@ -102,6 +102,11 @@ def _live_children() -> list[psutil.Process]:
     return out
 
 
+def _new_children(before: set[int]) -> list[psutil.Process]:
+    """Live children started since ``before`` (pids from ``_live_children``)."""
+    return [p for p in _live_children() if p.pid not in before]
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Fail the test if it leaves a fastvec segment or a child process behind."""
@@ -111,7 +116,7 @@ def no_leaks():
     deadline = time.monotonic() + GRACE_S
     collected = False
     while True:
-        children = [p for p in _live_children() if p.pid not in before_children]
+        children = _new_children(before_children)
         leaked = sorted(_created & _segments())
         if (not children and not leaked) or time.monotonic() > deadline:
             break

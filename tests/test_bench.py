@@ -211,10 +211,6 @@ def test_a_loop_past_its_time_says_where_it_was_and_leaves_nothing(capfd):
 
     shm_before = set(glob.glob("/dev/shm/fastvec_*"))
     before = {p.pid for p in conftest._live_children()}  # e.g. an earlier test's forkserver
-
-    def left():
-        return [p for p in conftest._live_children() if p.pid not in before]
-
     spec = dict(loop="cleanrl", env="CartPole-v1", num_envs=4, steps=10**9, cand="fastvec", round=0)
     res = _run_child(spec, timeout=6.0)
     assert res["error"].startswith("timed out after 6 s (Python stacks of processes"), res
@@ -222,10 +218,11 @@ def test_a_loop_past_its_time_says_where_it_was_and_leaves_nothing(capfd):
     assert "in child_cleanrl" in err  # the child's own stack ...
     assert err.count("in worker_main") == 2  # ... and both workers'
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (left() or set(glob.glob("/dev/shm/fastvec_*")) - shm_before):
+    while time.monotonic() < deadline and (conftest._new_children(before)
+                                           or set(glob.glob("/dev/shm/fastvec_*")) - shm_before):
         time.sleep(0.2)
     assert set(glob.glob("/dev/shm/fastvec_*")) - shm_before == set()
-    assert left() == []
+    assert conftest._new_children(before) == []
 
 
 def test_only_loops_stands_for_every_loop():

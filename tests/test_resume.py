@@ -551,7 +551,7 @@ def test_hung_env_is_replaced_after_step_timeout(tmp_path, capsys, restart):
         err = captured.err.strip().splitlines()
         assert code == 1 and "WorkerError" in err[-1] and "did not answer within 2 s" in err[-1], err
         assert os.path.exists(tmp_path / "r" / "checkpoint.pt")
-    left = [p for p in conftest._live_children() if p.pid not in before]
+    left = conftest._new_children(before)
     assert left == [], left  # the hung worker was killed, not left sleeping
 
 

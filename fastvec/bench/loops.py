@@ -636,8 +636,8 @@ def render_markdown(cases: list[dict]) -> str:
                     continue
                 lines.append(f"| {row['label']} | {s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) | "
                              f"{_ratio(s)} |{tail}")
-        if _steal_line(case):
-            lines.append(_steal_line(case))
+        if steal := _steal_line(case):
+            lines.append(steal)
     return "\n".join(lines) + "\n"
 
 
