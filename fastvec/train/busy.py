@@ -52,10 +52,11 @@ class DeviceBusy:
         ev.record()
         self._spans.append((start, ev))
 
-    def take(self, cpu_busy_s: float) -> float:
+    def take(self, cpu_busy_s: float, now: float | None = None) -> float:
         """Busy fraction since the last ``take``; ``cpu_busy_s``: the trainer's compute
-        seconds in that interval (used on CPU)."""
-        now = time.perf_counter()
+        seconds in that interval (used on CPU); ``now``: the ``time.perf_counter()`` the
+        interval ends at (default: now), so that it can be the one the caller logs."""
+        now = time.perf_counter() if now is None else now
         wall, self._last = now - self._last, now
         if self.cuda:
             if self._spans:

@@ -220,7 +220,8 @@ def train(cfg: PPOConfig, storage, monitor, *, env_id: str | None = None, env_kw
                     scal["health/workers_alive"] = h.get("workers_alive")
                     scal["health/workers_rss_mb"] = h.get("workers_rss_bytes", 0) / 2**20
                 compute = ppo.t_act + ppo.t_prep + ppo.t_learn
-                scal["device/busy_fraction"] = busy.take(compute - last_compute)
+                # the interval of time/wall_s, not the logging work's own
+                scal["device/busy_fraction"] = busy.take(compute - last_compute, now)
                 last_compute = compute
                 if (util := busy.nvml()) is not None:
                     scal["device/nvml_util"] = util
