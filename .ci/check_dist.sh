@@ -94,6 +94,10 @@ else:
     for d in ["tests", "benchmarks"]:
         if os.path.isdir(os.path.join(repo, d)) and not has(f"{d}/*"):
             errors.append(f"{d}/ missing")
+    # measured results are the project's records, not the package's: out of the sdist
+    results = [n for n in names if n.startswith("benchmarks/results/")]
+    if results:
+        errors.append(f"benchmark results in sdist: {results[:5]}")
     bins = [n for n in names if n.endswith((".so", ".pyd", ".dylib"))]
     if bins:
         errors.append(f"compiled files in sdist: {bins}")

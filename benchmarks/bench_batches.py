@@ -19,6 +19,7 @@ observations before acting, as a training loop's inference does. Workloads: Pong
 (AtariPreprocessing, 4 stacked frames) and HalfCheetah-v5 (``--policy cnn`` is for
 Pong; HalfCheetah takes ``--policy mlp``, a 2x64 tanh MLP).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ WORKLOADS = {
 
 def _make(workload):
     if workload == "pong":
-        from fastvec.bench.envs import make_pong
+        from harness.envs import make_pong
 
         return make_pong
     import gymnasium as gym
@@ -62,13 +63,23 @@ def _policy(kind, obs_space, act_space):
 
     if kind == "cnn":
         c = obs_space.shape[0]
-        net = nn.Sequential(nn.Conv2d(c, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(),
-                            nn.Conv2d(64, 64, 3, 1), nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(),
-                            nn.Linear(512, act_space.n))
+        net = nn.Sequential(
+            nn.Conv2d(c, 32, 8, 4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, 2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, 1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(3136, 512),
+            nn.ReLU(),
+            nn.Linear(512, act_space.n),
+        )
     else:
         n = int(np.prod(obs_space.shape))
-        net = nn.Sequential(nn.Linear(n, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
-                            nn.Linear(64, int(np.prod(act_space.shape))))
+        net = nn.Sequential(
+            nn.Linear(n, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, int(np.prod(act_space.shape)))
+        )
 
     @torch.no_grad()
     def act(obs):
@@ -96,8 +107,7 @@ def run_one(workload, candidate, policy, steps):
     elif candidate == "lockstep":
         env = fastvec.AsyncVectorEnv([fn] * cfg["envs"], copy=False)
     else:
-        env = fastvec.AsyncVectorEnv([fn] * cfg["envs"], batch_size=cfg["envs"] // 2, copy=False,
-                                     batch_mode=candidate)
+        env = fastvec.AsyncVectorEnv([fn] * cfg["envs"], batch_size=cfg["envs"] // 2, copy=False, batch_mode=candidate)
     act = _policy(policy, env.single_observation_space, env.single_action_space)
     warm = steps // 10
     try:
@@ -132,8 +142,12 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--only", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    p.add_argument("--policies", nargs="+", default=["none", "net"],
-                   help="none: random actions; net: the workload's network (cnn for Pong, mlp for HalfCheetah)")
+    p.add_argument(
+        "--policies",
+        nargs="+",
+        default=["none", "net"],
+        help="none: random actions; net: the workload's network (cnn for Pong, mlp for HalfCheetah)",
+    )
     p.add_argument("--steps-scale", type=float, default=1.0)
     p.add_argument("--out", default=os.path.join(HERE, "results", "batches"))
     p.add_argument("--one", nargs=4, metavar=("WORKLOAD", "CANDIDATE", "POLICY", "STEPS"), help=argparse.SUPPRESS)
@@ -151,10 +165,14 @@ def main():
             for pol_name in args.policies:
                 pol = pol_name if pol_name == "none" else ("cnn" if w == "pong" else "mlp")
                 steps = int(WORKLOADS[w]["steps"] * args.steps_scale)
-                order = cands[r % len(cands):] + cands[:r % len(cands)]
+                order = cands[r % len(cands) :] + cands[: r % len(cands)]
                 for c in order:
-                    proc = subprocess.run([sys.executable, __file__, "--one", w, c, pol, str(steps)],
-                                          capture_output=True, text=True, timeout=1800)
+                    proc = subprocess.run(
+                        [sys.executable, __file__, "--one", w, c, pol, str(steps)],
+                        capture_output=True,
+                        text=True,
+                        timeout=1800,
+                    )
                     if proc.returncode != 0:
                         raise SystemExit(f"{w}/{c}/{pol} failed:\n{proc.stderr[-3000:]}")
                     sps = json.loads(proc.stdout.strip().splitlines()[-1])["sps"]
@@ -166,20 +184,30 @@ def main():
         for c in cands:
             ratios = [v / s for v, s in zip(by[c], sync)]
             rows.append({"workload": w, "policy": pol, "candidate": c, "sps": by[c], "ratios": ratios})
-    json.dump({"rows": rows, "machine": platform.platform(), "cores": os.cpu_count()},
-              open(os.path.join(args.out, "batches.json"), "w"), indent=1)
-    lines = [f"# Batches (groups and ready modes) against lock-step and SyncVectorEnv ({args.rounds} rounds, "
-             f"{time.time() - t_start:.0f} s)", "",
-             f"`python benchmarks/bench_batches.py {' '.join(sys.argv[1:])}` on {platform.platform()}, "
-             f"{os.cpu_count()} cores. Env steps/s, median over rounds (min-max); the ratio is to SyncVectorEnv "
-             "measured in the same round (Pong: SyncVectorEnv over 8 envs, fastvec over 16; HalfCheetah: 32 "
-             "and 32). Each measurement in a fresh process.", "",
-             "| workload | policy | candidate | env steps/s | / SyncVectorEnv |", "|---|---|---|---:|---:|"]
+    json.dump(
+        {"rows": rows, "machine": platform.platform(), "cores": os.cpu_count()},
+        open(os.path.join(args.out, "batches.json"), "w"),
+        indent=1,
+    )
+    lines = [
+        f"# Batches (groups and ready modes) against lock-step and SyncVectorEnv ({args.rounds} rounds, "
+        f"{time.time() - t_start:.0f} s)",
+        "",
+        f"`python benchmarks/bench_batches.py {' '.join(sys.argv[1:])}` on {platform.platform()}, "
+        f"{os.cpu_count()} cores. Env steps/s, median over rounds (min-max); the ratio is to SyncVectorEnv "
+        "measured in the same round (Pong: SyncVectorEnv over 8 envs, fastvec over 16; HalfCheetah: 32 "
+        "and 32). Each measurement in a fresh process.",
+        "",
+        "| workload | policy | candidate | env steps/s | / SyncVectorEnv |",
+        "|---|---|---|---:|---:|",
+    ]
     for row in rows:
         sps, ratios = row["sps"], row["ratios"]
-        lines.append(f"| {row['workload']} | {row['policy']} | {row['candidate']} | {statistics.median(sps):,.0f} "
-                     f"({min(sps):,.0f}-{max(sps):,.0f}) | {statistics.median(ratios):.2f}x "
-                     f"({min(ratios):.2f}-{max(ratios):.2f}) |")
+        lines.append(
+            f"| {row['workload']} | {row['policy']} | {row['candidate']} | {statistics.median(sps):,.0f} "
+            f"({min(sps):,.0f}-{max(sps):,.0f}) | {statistics.median(ratios):.2f}x "
+            f"({min(ratios):.2f}-{max(ratios):.2f}) |"
+        )
     open(os.path.join(args.out, "batches.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

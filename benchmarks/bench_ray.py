@@ -3,7 +3,7 @@
 
     python benchmarks/bench_ray.py                        # CartPole-v1 x16 and Pong x8 (~5 min on 2 cores)
     python benchmarks/bench_ray.py --only pong --repeats 7
-    python benchmarks/bench_ray.py --out benchmarks/results   # also writes ray.json / ray.md
+    python benchmarks/bench_ray.py --out benchmarks/results/ray   # also writes ray.json / ray.md
 
 Candidates (same env factories, same number of env worker processes in total)
 ----------------------------------------------------------------------------
@@ -33,6 +33,7 @@ an actor on another node pays per step.
 Every Ray process listens on 127.0.0.1 only (fastvec's local instance pins it).
 The machine is shared and noisy: compare candidates within one run, not across runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,14 +53,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 WORKLOADS = {
     "cartpole": {"title": "CartPole-v1, 16 envs", "num_envs": 16, "steps": 2000, "warmup": 200},
-    "pong": {"title": "Pong (ALE/Pong-v5 + AtariPreprocessing + FrameStack 4), 8 envs", "num_envs": 8,
-             "steps": 300, "warmup": 40},
+    "pong": {
+        "title": "Pong (ALE/Pong-v5 + AtariPreprocessing + FrameStack 4), 8 envs",
+        "num_envs": 8,
+        "steps": 300,
+        "warmup": 40,
+    },
 }
 GOALS = {"pong": 0.8}  # ray / local on Pong, same envs (issue 7)
 
 
 def _fns(name: str, n: int):
-    from fastvec.bench.envs import make_gym, make_pong
+    from harness.envs import make_gym, make_pong
 
     if name == "pong":
         return [make_pong] * n
@@ -75,11 +80,13 @@ def _make(kind: str, fns, workers: int):
     if kind == "ray":
         return fastvec.ray.AsyncVectorEnv(fns, num_actors=1, workers_per_actor=workers, num_cpus_per_actor=0)
     if kind == "ray-tasks":
-        return fastvec.ray.AsyncVectorEnv(fns, num_actors=1, workers_per_actor=workers, num_cpus_per_actor=0,
-                                          local_fast_path=False)
+        return fastvec.ray.AsyncVectorEnv(
+            fns, num_actors=1, workers_per_actor=workers, num_cpus_per_actor=0, local_fast_path=False
+        )
     if kind == "ray-tasks x2":
-        return fastvec.ray.AsyncVectorEnv(fns, num_actors=2, workers_per_actor=max(1, workers // 2),
-                                          num_cpus_per_actor=0, local_fast_path=False)
+        return fastvec.ray.AsyncVectorEnv(
+            fns, num_actors=2, workers_per_actor=max(1, workers // 2), num_cpus_per_actor=0, local_fast_path=False
+        )
     raise ValueError(kind)
 
 
@@ -111,12 +118,14 @@ def bench_workload(name: str, kinds, repeats: int, steps: int | None, seed: int,
             _time_steps(envs[kind], actions[: spec["warmup"]])
         sps = {kind: [] for kind in kinds}
         for r in range(repeats):
-            order = kinds[r % len(kinds):] + kinds[: r % len(kinds)]
+            order = kinds[r % len(kinds) :] + kinds[: r % len(kinds)]
             for kind in order:
                 sps[kind].append(n * steps / _time_steps(envs[kind], actions))
             if progress:
-                print(f"[{name}] round {r + 1}/{repeats}: "
-                      + ", ".join(f"{k} {sps[k][-1]:,.0f}" for k in kinds), file=sys.stderr)
+                print(
+                    f"[{name}] round {r + 1}/{repeats}: " + ", ".join(f"{k} {sps[k][-1]:,.0f}" for k in kinds),
+                    file=sys.stderr,
+                )
     finally:
         for env in envs.values():
             env.close()
@@ -124,13 +133,28 @@ def bench_workload(name: str, kinds, repeats: int, steps: int | None, seed: int,
     rows = []
     for kind in kinds:
         med = statistics.median(sps[kind])
-        rows.append({
-            "candidate": kind, "steps_per_s": med, "min": min(sps[kind]), "max": max(sps[kind]),
-            "ratio": med / local, "ratio_min": min(sps[kind]) / local, "ratio_max": max(sps[kind]) / local,
-            "overhead_us_per_step": n * (1.0 / med - 1.0 / local) * 1e6, "all": sps[kind],
-        })
-    return {"workload": name, "title": spec["title"], "num_envs": n, "workers": workers,
-            "steps_per_measure": steps, "repeats": repeats, "rows": rows}
+        rows.append(
+            {
+                "candidate": kind,
+                "steps_per_s": med,
+                "min": min(sps[kind]),
+                "max": max(sps[kind]),
+                "ratio": med / local,
+                "ratio_min": min(sps[kind]) / local,
+                "ratio_max": max(sps[kind]) / local,
+                "overhead_us_per_step": n * (1.0 / med - 1.0 / local) * 1e6,
+                "all": sps[kind],
+            }
+        )
+    return {
+        "workload": name,
+        "title": spec["title"],
+        "num_envs": n,
+        "workers": workers,
+        "steps_per_measure": steps,
+        "repeats": repeats,
+        "rows": rows,
+    }
 
 
 def bench_ray_calls(repeats: int) -> dict:
@@ -143,6 +167,7 @@ def bench_ray_calls(repeats: int) -> dict:
     # Reuse (or start) fastvec's loopback instance through a tiny engine.
     holder = fr.RayEngine([functools.partial(_noop_env)], num_actors=1, num_cpus_per_actor=0)
     try:
+
         @ray.remote(num_cpus=0)
         class Echo:
             def echo(self, x):
@@ -181,20 +206,29 @@ def _noop_env():
 def _md(results: dict) -> str:
     lines = ["# fastvec.ray beside the single-machine engine (same machine)", ""]
     m = results["machine"]
-    lines += [f"Machine: {m['cpu']}, {m['cores']} cores; load average {m['load_before']} before, "
-              f"{m['load_after']} after. Python {m['python']}, Ray {m['ray']}, numpy {m['numpy']}.",
-              f"Command: `{results['command']}`. Medians of {results['repeats']} interleaved rounds "
-              "(min-max in brackets); every Ray process on 127.0.0.1.", ""]
+    lines += [
+        f"Machine: {m['cpu']}, {m['cores']} cores; load average {m['load_before']} before, "
+        f"{m['load_after']} after. Python {m['python']}, Ray {m['ray']}, numpy {m['numpy']}.",
+        f"Command: `{results['command']}`. Medians of {results['repeats']} interleaved rounds "
+        "(min-max in brackets); every Ray process on 127.0.0.1.",
+        "",
+    ]
     for w in results["workloads"]:
-        lines += [f"## {w['title']}", "",
-                  f"{w['workers']} env worker processes in every candidate, {w['steps_per_measure']} "
-                  "random-action `step()` calls per measurement.", "",
-                  "| candidate | env steps/s | vs local | overhead per vector step |",
-                  "| --- | ---: | ---: | ---: |"]
+        lines += [
+            f"## {w['title']}",
+            "",
+            f"{w['workers']} env worker processes in every candidate, {w['steps_per_measure']} "
+            "random-action `step()` calls per measurement.",
+            "",
+            "| candidate | env steps/s | vs local | overhead per vector step |",
+            "| --- | ---: | ---: | ---: |",
+        ]
         for r in w["rows"]:
             over = "–" if r["candidate"] == "local" else f"{r['overhead_us_per_step']:,.0f} µs"
-            lines.append(f"| {r['candidate']} | {r['steps_per_s']:,.0f} ({r['min']:,.0f}–{r['max']:,.0f}) | "
-                         f"{r['ratio']:.2f}x ({r['ratio_min']:.2f}–{r['ratio_max']:.2f}) | {over} |")
+            lines.append(
+                f"| {r['candidate']} | {r['steps_per_s']:,.0f} ({r['min']:,.0f}–{r['max']:,.0f}) | "
+                f"{r['ratio']:.2f}x ({r['ratio_min']:.2f}–{r['ratio_max']:.2f}) | {over} |"
+            )
         goal = GOALS.get(w["workload"])
         if goal is not None:
             ray_row = next(r for r in w["rows"] if r["candidate"] == "ray")
@@ -203,14 +237,17 @@ def _md(results: dict) -> str:
         lines.append("")
     c = results.get("ray_calls")
     if c:
+
         def span(d):
             return f"{d['median']:,.0f} µs ({d['min']:,.0f}–{d['max']:,.0f})"
 
-        lines += ["## Fixed costs of the Ray task path", "",
-                  f"- no-op Ray actor call (small numpy argument and result): {span(c['noop_call_us'])}",
-                  "- one Pong batch (8x4x84x84 uint8, 226 KB) returned through the object store: "
-                  f"{span(c['pong_batch_us'])}",
-                  ""]
+        lines += [
+            "## Fixed costs of the Ray task path",
+            "",
+            f"- no-op Ray actor call (small numpy argument and result): {span(c['noop_call_us'])}",
+            f"- one Pong batch (8x4x84x84 uint8, 226 KB) returned through the object store: {span(c['pong_batch_us'])}",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -229,11 +266,15 @@ def main(argv=None) -> int:
     import ray
 
     load_before = tuple(round(x, 2) for x in os.getloadavg())
-    results = {"command": "python benchmarks/bench_ray.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "repeats": args.repeats, "workloads": []}
+    results = {
+        "command": "python benchmarks/bench_ray.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "repeats": args.repeats,
+        "workloads": [],
+    }
     for name in args.only:
-        results["workloads"].append(bench_workload(name, kinds, args.repeats, args.steps, args.seed,
-                                                   not args.no_progress))
+        results["workloads"].append(
+            bench_workload(name, kinds, args.repeats, args.steps, args.seed, not args.no_progress)
+        )
     results["ray_calls"] = bench_ray_calls(args.repeats)
     cpu = platform.processor() or platform.machine()
     try:
@@ -241,9 +282,15 @@ def main(argv=None) -> int:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    results["machine"] = {"cpu": cpu, "cores": available_cores(), "python": platform.python_version(),
-                          "ray": ray.__version__, "numpy": np.__version__, "load_before": load_before,
-                          "load_after": tuple(round(x, 2) for x in os.getloadavg())}
+    results["machine"] = {
+        "cpu": cpu,
+        "cores": available_cores(),
+        "python": platform.python_version(),
+        "ray": ray.__version__,
+        "numpy": np.__version__,
+        "load_before": load_before,
+        "load_after": tuple(round(x, 2) for x in os.getloadavg()),
+    }
     md = _md(results)
     print(md)
     if args.out:

@@ -16,6 +16,7 @@ trained for 200k env steps with ``fastvec train``'s CartPole preset, per seed: t
 must complete, report its restarts and reach a mean return of 475 as healthy runs do
 (``flaky.md``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,18 @@ def _wait_rows(p, run, n, timeout=120.0) -> bool:
 
 def run_one(env, seed, target, run, kills, rng, extra):
     base = [sys.executable, "-m", "fastvec", "train"]
-    first = base + [env, "--seed", str(seed), "--stop-at-return", str(target), "--logdir", run,
-                    "--no-progress", "--no-tensorboard", *extra]
+    first = base + [
+        env,
+        "--seed",
+        str(seed),
+        "--stop-at-return",
+        str(target),
+        "--logdir",
+        run,
+        "--no-progress",
+        "--no-tensorboard",
+        *extra,
+    ]
     resume = base + ["--resume", run, "--no-progress", "--no-tensorboard"]
     t0 = time.perf_counter()
     executed = start = 0
@@ -129,12 +140,16 @@ def flaky(seeds, steps, out) -> None:
     from fastvec.train.presets import preset_for
 
     gym.register("FlakyCartPole-v0", entry_point=_FlakyCartPole)
-    lines = ["# A flaky env trained through its failures (CartPole-v1, `step` raises in 1 of 20,000)", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d')}. Command: "
-             f"`python benchmarks/bench_resume.py --flaky --seeds {' '.join(map(str, seeds))}`; "
-             f"{steps:,} env steps, the CartPole-v1 preset.", "",
-             "| seed | completed | env steps | restarts | best mean return (last 20 episodes) | "
-             "final mean return | wall |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# A flaky env trained through its failures (CartPole-v1, `step` raises in 1 of 20,000)",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d')}. Command: "
+        f"`python benchmarks/bench_resume.py --flaky --seeds {' '.join(map(str, seeds))}`; "
+        f"{steps:,} env steps, the CartPole-v1 preset.",
+        "",
+        "| seed | completed | env steps | restarts | best mean return (last 20 episodes) | final mean return | wall |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for seed in seeds:
         cfg = apply_overrides(PPOConfig(), preset_for("CartPole-v1"))
         apply_overrides(cfg, {"seed": seed, "total_steps": steps, "log_every_s": 0.1, "device": "cpu"})
@@ -146,8 +161,10 @@ def flaky(seeds, steps, out) -> None:
             best = max((r.get("charts/mean_return") or 0) for r in _rows(run))
         finally:
             shutil.rmtree(run, ignore_errors=True)
-        lines.append(f"| {seed} | {not res['interrupted']} | {res['env_steps']:,} | {res['restarts']} | "
-                     f"{best:.1f} | {res['final_mean_return']} | {res['wall_seconds']:.1f} s |")
+        lines.append(
+            f"| {seed} | {not res['interrupted']} | {res['env_steps']:,} | {res['restarts']} | "
+            f"{best:.1f} | {res['final_mean_return']} | {res['wall_seconds']:.1f} s |"
+        )
         print(lines[-1], flush=True)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "flaky.md"), "w") as f:
@@ -176,30 +193,49 @@ def main(argv=None):
             plain = run_one(args.env, seed, args.target, os.path.join(tmp, f"plain{seed}"), 0, rng, extra)
             kill = run_one(args.env, seed, args.target, os.path.join(tmp, f"kill{seed}"), args.kills, rng, extra)
             rows.append({"seed": seed, "plain": plain, "killed": kill})
-            print(json.dumps({"seed": seed, "plain_steps": plain["env_steps"], "killed_steps": kill["env_steps"],
-                              "kills": kill["kills"]}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "seed": seed,
+                        "plain_steps": plain["env_steps"],
+                        "killed_steps": kill["env_steps"],
+                        "kills": kill["kills"],
+                    }
+                ),
+                flush=True,
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(args.out, exist_ok=True)
     rollout = None
-    lines = [f"# kill -9 and --resume against the uninterrupted run ({args.env} to {args.target:g})", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-             f"{time.strftime('%Y-%m-%d')}. Command: `python benchmarks/bench_resume.py --env {args.env} "
-             f"--seeds {' '.join(map(str, args.seeds))} --kills {args.kills}`.", "",
-             "| seed | uninterrupted: solved, env steps, wall | killed + resumed: kills, solved, env steps "
-             "counted, executed, wall | difference (rollouts) |", "|---|---|---|---|"]
+    lines = [
+        f"# kill -9 and --resume against the uninterrupted run ({args.env} to {args.target:g})",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"{time.strftime('%Y-%m-%d')}. Command: `python benchmarks/bench_resume.py --env {args.env} "
+        f"--seeds {' '.join(map(str, args.seeds))} --kills {args.kills}`.",
+        "",
+        "| seed | uninterrupted: solved, env steps, wall | killed + resumed: kills, solved, env steps "
+        "counted, executed, wall | difference (rollouts) |",
+        "|---|---|---|---|",
+    ]
     for r in rows:
         p, k = r["plain"], r["killed"]
         rollout = p["env_steps"] // max(p["updates"] + 1, 1)
         diff = (k["env_steps"] - p["env_steps"]) / rollout
-        lines.append(f"| {r['seed']} | {p['solved']}, {p['env_steps']:,}, {p['total_wall_s']} s | "
-                     f"{k['kills']}, {k['solved']}, {k['env_steps']:,}, {k['executed_env_steps']:,}, "
-                     f"{k['total_wall_s']} s | {diff:+.1f} |")
-    lines += ["", f"One rollout = {rollout} env steps. A resumed run resets its envs (their state is not "
-              "in the checkpoint), so from the first kill on it sees other episodes than the "
-              "uninterrupted run: the env steps to reach the target differ by the spread between "
-              "seeds' runs, not by one rollout; the steps since the last checkpoint are redone "
-              "(\"executed\" minus \"counted\")."]
+        lines.append(
+            f"| {r['seed']} | {p['solved']}, {p['env_steps']:,}, {p['total_wall_s']} s | "
+            f"{k['kills']}, {k['solved']}, {k['env_steps']:,}, {k['executed_env_steps']:,}, "
+            f"{k['total_wall_s']} s | {diff:+.1f} |"
+        )
+    lines += [
+        "",
+        f"One rollout = {rollout} env steps. A resumed run resets its envs (their state is not "
+        "in the checkpoint), so from the first kill on it sees other episodes than the "
+        "uninterrupted run: the env steps to reach the target differ by the spread between "
+        "seeds' runs, not by one rollout; the steps since the last checkpoint are redone "
+        '("executed" minus "counted").',
+    ]
     with open(os.path.join(args.out, "resume.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(args.out, "resume.json"), "w") as f:

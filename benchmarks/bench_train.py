@@ -8,7 +8,7 @@
     python benchmarks/bench_train.py --only transports --seeds 3
     python benchmarks/bench_train.py --only learners --seeds 3
     python benchmarks/bench_train.py --only learners --learner-envs CartPole-v1 --seeds 30
-    python benchmarks/bench_train.py --out benchmarks/results   # also writes train.json / train.md
+    python benchmarks/bench_train.py --out benchmarks/results/train   # also writes train.json / train.md
 
 Sections
 --------
@@ -50,6 +50,7 @@ counts env start-up, model construction and training. Every run uses
 (2 threads fight the env for the second core; measured 5-20x slower under load).
 The machine is shared and noisy: compare candidates within one run, not across runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,14 +63,22 @@ import sys
 import time
 
 import numpy as np
-
-from fastvec.bench.baselines_subproc import SubprocVecEnv as PipeSubprocVecEnv
+from peers.baselines_subproc import SubprocVecEnv as PipeSubprocVecEnv
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-SB3_CARTPOLE = dict(n_envs=8, n_steps=32, batch_size=256, gamma=0.98, gae_lambda=0.8, n_epochs=20,
-                    ent_coef=0.0, lr=("lin", 1e-3), clip_range=("lin", 0.2))
+SB3_CARTPOLE = dict(
+    n_envs=8,
+    n_steps=32,
+    batch_size=256,
+    gamma=0.98,
+    gae_lambda=0.8,
+    n_epochs=20,
+    ent_coef=0.0,
+    lr=("lin", 1e-3),
+    clip_range=("lin", 0.2),
+)
 SB3_PENDULUM = dict(n_envs=8, n_steps=256, batch_size=256, n_epochs=10)
 
 
@@ -126,13 +135,25 @@ def child_sb3(env_id: str, seed: int, hp: dict, threshold: float, max_steps: int
     model.learn(max_steps, callback=cb)
     wall = time.perf_counter() - t0
     env.close()
-    return {"solved": cb.solved, "env_steps": int(model.num_timesteps), "wall_seconds": wall,
-            "sps": model.num_timesteps / wall, "final_mean_return": float(np.mean(cb.rets)) if cb.rets else None,
-            "threads": torch.get_num_threads()}
+    return {
+        "solved": cb.solved,
+        "env_steps": int(model.num_timesteps),
+        "wall_seconds": wall,
+        "sps": model.num_timesteps / wall,
+        "final_mean_return": float(np.mean(cb.rets)) if cb.rets else None,
+        "threads": torch.get_num_threads(),
+    }
 
 
-def child_fastvec(env_id: str, seed: int, overrides: list, threshold: float | None, venv_kind: str = "fastvec",
-                  total_steps: int | None = None, zoo: bool = False) -> dict:
+def child_fastvec(
+    env_id: str,
+    seed: int,
+    overrides: list,
+    threshold: float | None,
+    venv_kind: str = "fastvec",
+    total_steps: int | None = None,
+    zoo: bool = False,
+) -> dict:
     _warm_torch()
     from fastvec.train import PPOConfig, apply_overrides
     from fastvec.train.cli import run_training as train
@@ -209,11 +230,22 @@ def child_pong(num_envs: int, num_workers: int | None, steps: int, train_rollout
             n += T * num_envs
         out["random_sps"] = n / (time.perf_counter() - t0)
     # 2. the training loop (collect + prepare + update), and collection alone
-    backend = EngineStorage(Engine(fns, num_workers=workers, num_slots=T + 1, autoreset_mode="same_step",
-                                   context=cfg.context, spin_us=cfg.spin_us))
+    backend = EngineStorage(
+        Engine(
+            fns,
+            num_workers=workers,
+            num_slots=T + 1,
+            autoreset_mode="same_step",
+            context=cfg.context,
+            spin_us=cfg.spin_us,
+        )
+    )
     try:
-        ppo = PPO(cfg, backend, torch.device(cfg.device if cfg.device != "auto" else
-                                              ("cuda" if torch.cuda.is_available() else "cpu")))
+        ppo = PPO(
+            cfg,
+            backend,
+            torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")),
+        )
         out["torch_threads"] = [ppo.act_threads, ppo.learn_threads]
         out["device"] = str(ppo.device)
         backend.reset(0)
@@ -273,17 +305,34 @@ def solve_section(name, env_id, threshold, seeds, sb3_hp, fv_overrides, max_step
     for seed in range(seeds):
         for cand in cands:
             if cand == "sb3":
-                job = {"kind": "sb3", "env_id": env_id, "seed": seed, "hp": sb3_hp,
-                       "threshold": threshold, "max_steps": max_steps}
+                job = {
+                    "kind": "sb3",
+                    "env_id": env_id,
+                    "seed": seed,
+                    "hp": sb3_hp,
+                    "threshold": threshold,
+                    "max_steps": max_steps,
+                }
             else:
-                job = {"kind": "fastvec", "env_id": env_id, "seed": seed, "overrides": fv_overrides,
-                       "threshold": threshold, "total_steps": max_steps, "zoo": cand == "fastvec_zoo"}
+                job = {
+                    "kind": "fastvec",
+                    "env_id": env_id,
+                    "seed": seed,
+                    "overrides": fv_overrides,
+                    "threshold": threshold,
+                    "total_steps": max_steps,
+                    "zoo": cand == "fastvec_zoo",
+                }
             r = run_child(job, timeout)
             r.update(candidate=cand, seed=seed, load=_load())
             rows.append(r)
-            log(f"  {name} seed {seed} {cand:11s} " + (
-                r.get("error") or f"solved={r['solved']} steps={r['env_steps']} wall={r['wall_seconds']:.2f}s "
-                                  f"sps={r['sps']:.0f}"))
+            log(
+                f"  {name} seed {seed} {cand:11s} "
+                + (
+                    r.get("error")
+                    or f"solved={r['solved']} steps={r['env_steps']} wall={r['wall_seconds']:.2f}s sps={r['sps']:.0f}"
+                )
+            )
     summary = {}
     for cand in cands:
         rs = [r for r in rows if r["candidate"] == cand and "error" not in r]
@@ -291,43 +340,67 @@ def solve_section(name, env_id, threshold, seeds, sb3_hp, fv_overrides, max_step
             "median_wall_seconds": _median([r["wall_seconds"] for r in rs]),
             "median_env_steps": _median([r["env_steps"] for r in rs]),
             "median_sps": _median([r["sps"] for r in rs]),
-            "solved": sum(bool(r["solved"]) for r in rs), "runs": seeds,
+            "solved": sum(bool(r["solved"]) for r in rs),
+            "runs": seeds,
         }
     s, f = summary["sb3"]["median_wall_seconds"], summary["fastvec"]["median_wall_seconds"]
     summary["ratio_fastvec_vs_sb3"] = (f / s) if (s and f) else None
     summary["goal"] = "fastvec median wall <= 0.5x SB3, all seeds solved"
-    summary["met"] = (summary["ratio_fastvec_vs_sb3"] is not None and summary["ratio_fastvec_vs_sb3"] <= 0.5
-                      and summary["fastvec"]["solved"] == seeds)
+    summary["met"] = (
+        summary["ratio_fastvec_vs_sb3"] is not None
+        and summary["ratio_fastvec_vs_sb3"] <= 0.5
+        and summary["fastvec"]["solved"] == seeds
+    )
     return {"runs": rows, "summary": summary}
 
 
 THRESHOLDS = {"CartPole-v1": 475.0, "InvertedPendulum-v5": 950.0}
 
 
-def transports_section(seeds, timeout, log, env_id="CartPole-v1", threshold=475.0):
+TRANSPORTS = ("sync", "subproc", "fastvec")
+
+
+def transports_section(seeds, timeout, log, env_id="CartPole-v1", threshold=475.0, kinds=TRANSPORTS):
     rows = []
     for seed in range(seeds):
-        for kind in ("sync", "subproc", "fastvec"):
-            job = {"kind": "fastvec", "env_id": env_id, "seed": seed, "overrides": [],
-                   "threshold": threshold, "venv_kind": kind, "total_steps": 300_000}
+        for kind in kinds:
+            job = {
+                "kind": "fastvec",
+                "env_id": env_id,
+                "seed": seed,
+                "overrides": [],
+                "threshold": threshold,
+                "venv_kind": kind,
+                "total_steps": 300_000,
+            }
             r = run_child(job, timeout)
             r.update(candidate=kind, seed=seed, load=_load())
             rows.append(r)
-            log(f"  transports {env_id} seed {seed} {kind:8s} " + (
-                r.get("error") or f"solved={r['solved']} steps={r['env_steps']} wall={r['wall_seconds']:.2f}s "
-                                  f"sps={r['sps']:.0f}"))
+            log(
+                f"  transports {env_id} seed {seed} {kind:8s} "
+                + (
+                    r.get("error")
+                    or f"solved={r['solved']} steps={r['env_steps']} wall={r['wall_seconds']:.2f}s sps={r['sps']:.0f}"
+                )
+            )
     summary = {}
-    for kind in ("sync", "subproc", "fastvec"):
+    for kind in kinds:
         rs = [r for r in rows if r["candidate"] == kind and "error" not in r]
-        summary[kind] = {"median_wall_seconds": _median([r["wall_seconds"] for r in rs]),
-                         "median_sps": _median([r["sps"] for r in rs]),
-                         "median_env_steps": _median([r["env_steps"] for r in rs]),
-                         "solved": sum(bool(r["solved"]) for r in rs), "runs": seeds}
+        summary[kind] = {
+            "median_wall_seconds": _median([r["wall_seconds"] for r in rs]),
+            "median_sps": _median([r["sps"] for r in rs]),
+            "median_env_steps": _median([r["env_steps"] for r in rs]),
+            "solved": sum(bool(r["solved"]) for r in rs),
+            "runs": seeds,
+        }
     return {"env_id": env_id, "runs": rows, "summary": summary}
 
 
-LEARNER_ENVS = (("CartPole-v1", 475.0, 200_000), ("InvertedPendulum-v5", 950.0, 400_000),
-                ("HalfCheetah-v5", None, 200_000))
+LEARNER_ENVS = (
+    ("CartPole-v1", 475.0, 200_000),
+    ("InvertedPendulum-v5", 950.0, 400_000),
+    ("HalfCheetah-v5", None, 200_000),
+)
 
 
 def learners_section(seeds, timeout, log, envs=None):
@@ -339,16 +412,27 @@ def learners_section(seeds, timeout, log, envs=None):
         for seed in range(seeds):
             order = ("numpy", "torch") if seed % 2 == 0 else ("torch", "numpy")
             for learner in order:
-                job = {"kind": "fastvec", "env_id": env_id, "seed": seed, "overrides": [f"learner={learner}"],
-                       "threshold": threshold, "total_steps": steps}
+                job = {
+                    "kind": "fastvec",
+                    "env_id": env_id,
+                    "seed": seed,
+                    "overrides": [f"learner={learner}"],
+                    "threshold": threshold,
+                    "total_steps": steps,
+                }
                 r = run_child(job, timeout)
                 r.update(candidate=learner, seed=seed, env=env_id, load=_load())
                 rows.append(r)
-                log(f"  learners {env_id} seed {seed} {learner:5s} " + (
-                    r.get("error") or f"solved={r['solved']} steps={r['env_steps']} wall={r['wall_seconds']:.2f}s "
-                                      f"return={r['final_mean_return']} learn={r['time_breakdown']['learn']:.2f}s"))
+                log(
+                    f"  learners {env_id} seed {seed} {learner:5s} "
+                    + (
+                        r.get("error")
+                        or f"solved={r['solved']} steps={r['env_steps']} wall={r['wall_seconds']:.2f}s "
+                        f"return={r['final_mean_return']} learn={r['time_breakdown']['learn']:.2f}s"
+                    )
+                )
     summary = {}
-    for env_id, threshold, steps in chosen:
+    for env_id, threshold, _steps in chosen:
         for learner in ("numpy", "torch"):
             rs = [r for r in rows if r["env"] == env_id and r["candidate"] == learner and "error" not in r]
             summary[f"{env_id} {learner}"] = {
@@ -358,43 +442,63 @@ def learners_section(seeds, timeout, log, envs=None):
                 "median_learner_sps": _median([r.get("learner_sps") for r in rs]),
                 "median_final_return": _median([r["final_mean_return"] for r in rs]),
                 "solved": sum(bool(r["solved"]) for r in rs) if threshold is not None else None,
-                "runs": seeds, "learner_used": sorted({r.get("learner") for r in rs}),
+                "runs": seeds,
+                "learner_used": sorted({r.get("learner") for r in rs}),
             }
     return {"runs": rows, "summary": summary}
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default="cartpole,pendulum,pong,transports,learners")
     p.add_argument("--seeds", type=int, default=None, help="seeds per candidate (default 5 CartPole, 3 others)")
     p.add_argument("--out", default=None, help="directory for train.json and train.md")
-    p.add_argument("--set", dest="overrides", action="append", default=[],
-                   help="extra fastvec --set overrides for the cartpole/pendulum runs")
-    p.add_argument("--transport-envs", default="CartPole-v1,InvertedPendulum-v5",
-                   help="envs for the transports section")
-    p.add_argument("--learner-envs", default=",".join(e[0] for e in LEARNER_ENVS),
-                   help="envs for the learners section")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="extra fastvec --set overrides for the cartpole/pendulum runs",
+    )
+    p.add_argument(
+        "--transport-envs", default="CartPole-v1,InvertedPendulum-v5", help="envs for the transports section"
+    )
+    p.add_argument(
+        "--transport-kinds",
+        default=",".join(TRANSPORTS),
+        help="vector envs for the transports section (some of sync,subproc,fastvec)",
+    )
+    p.add_argument("--learner-envs", default=",".join(e[0] for e in LEARNER_ENVS), help="envs for the learners section")
     p.add_argument("--pong-steps", type=int, default=8192)
     p.add_argument("--pong-rollouts", type=int, default=2)
     p.add_argument("--pong-envs", type=int, default=8)
-    p.add_argument("--pong-set", dest="pong_overrides", action="append", default=[],
-                   help="--set overrides for the Pong training loop (e.g. spin_us=0)")
+    p.add_argument(
+        "--pong-set",
+        dest="pong_overrides",
+        action="append",
+        default=[],
+        help="--set overrides for the Pong training loop (e.g. spin_us=0)",
+    )
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--_child", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def _child(spec: str) -> int:
+    """Run one job in this (fresh) process and print its result as one JSON line."""
+    job = json.loads(spec)
+    kind = job.pop("kind")
+    children = {"sb3": child_sb3, "fastvec": child_fastvec, "pong": child_pong}
+    if kind not in children:
+        raise SystemExit(f"unknown job kind {kind}")
+    print(json.dumps(children[kind](**job)))
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     if args._child:
-        job = json.loads(args._child)
-        kind = job.pop("kind")
-        if kind == "sb3":
-            res = child_sb3(**job)
-        elif kind == "fastvec":
-            res = child_fastvec(**job)
-        elif kind == "pong":
-            res = child_pong(**job)
-        else:
-            raise SystemExit(f"unknown job kind {kind}")
-        print(json.dumps(res))
-        return 0
+        return _child(args._child)
 
     parts = [s.strip() for s in args.only.split(",") if s.strip()]
     bad = set(parts) - {"cartpole", "pendulum", "pong", "transports", "learners"}
@@ -406,6 +510,10 @@ def main(argv=None) -> int:
     if set(t_envs) - set(THRESHOLDS):
         print(f"bench_train: --transport-envs must be among {sorted(THRESHOLDS)}", file=sys.stderr)
         return 2
+    t_kinds = [k.strip() for k in args.transport_kinds.split(",") if k.strip()]
+    if not t_kinds or set(t_kinds) - set(TRANSPORTS):
+        print(f"bench_train: --transport-kinds must be among {list(TRANSPORTS)}", file=sys.stderr)
+        return 2
     l_envs = [e.strip() for e in args.learner_envs.split(",") if e.strip()]
     if not l_envs or set(l_envs) - {e[0] for e in LEARNER_ENVS}:
         print(f"bench_train: --learner-envs must be among {[e[0] for e in LEARNER_ENVS]}", file=sys.stderr)
@@ -414,31 +522,73 @@ def main(argv=None) -> int:
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
-    results = {"machine": {"cores": os.cpu_count(), "load_start": _load(), "python": sys.version.split()[0]},
-               "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    import fastvec
+
+    results = {
+        "machine": {
+            "cores": os.cpu_count(),
+            "load_start": _load(),
+            "python": sys.version.split()[0],
+            "fastvec_path": os.path.dirname(os.path.abspath(fastvec.__file__)),
+        },
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     if "cartpole" in parts:
         log("CartPole-v1: time to mean(last 20) >= 475")
-        results["cartpole"] = solve_section("cartpole", "CartPole-v1", 475.0, args.seeds or 5, SB3_CARTPOLE,
-                                            args.overrides, 200_000, args.timeout, log, zoo=True)
+        results["cartpole"] = solve_section(
+            "cartpole",
+            "CartPole-v1",
+            475.0,
+            args.seeds or 5,
+            SB3_CARTPOLE,
+            args.overrides,
+            200_000,
+            args.timeout,
+            log,
+            zoo=True,
+        )
     if "pendulum" in parts:
         log("InvertedPendulum-v5: time to mean(last 20) >= 950")
-        results["pendulum"] = solve_section("pendulum", "InvertedPendulum-v5", 950.0, args.seeds or 3,
-                                            SB3_PENDULUM, args.overrides, 400_000, args.timeout, log)
+        results["pendulum"] = solve_section(
+            "pendulum",
+            "InvertedPendulum-v5",
+            950.0,
+            args.seeds or 3,
+            SB3_PENDULUM,
+            args.overrides,
+            400_000,
+            args.timeout,
+            log,
+        )
     if "transports" in parts:
         log("Transports: the same trainer on SyncVectorEnv, a Pipe-per-env SubprocVecEnv and fastvec")
         results["transports"] = [
-            transports_section(args.seeds or 3, args.timeout, log, env_id, THRESHOLDS[env_id])
-            for env_id in [e.strip() for e in args.transport_envs.split(",") if e.strip()]]
+            transports_section(args.seeds or 3, args.timeout, log, env_id, THRESHOLDS[env_id], t_kinds)
+            for env_id in t_envs
+        ]
     if "learners" in parts:
         log("Learners: the numpy minibatch gradient against torch's autograd")
         results["learners"] = learners_section(args.seeds or 3, args.timeout, log, l_envs)
     if "pong" in parts:
         log("Pong: engine random-action steps/s vs training loop steps/s")
-        job = {"kind": "pong", "num_envs": args.pong_envs, "num_workers": None, "steps": args.pong_steps,
-               "train_rollouts": args.pong_rollouts, "overrides": args.pong_overrides}
+        job = {
+            "kind": "pong",
+            "num_envs": args.pong_envs,
+            "num_workers": None,
+            "steps": args.pong_steps,
+            "train_rollouts": args.pong_rollouts,
+            "overrides": args.pong_overrides,
+        }
         r = run_child(job, args.timeout)
-        log("  " + (r.get("error") or json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
-                                                   for k, v in r.items() if k != "time_breakdown"})))
+        log(
+            "  "
+            + (
+                r.get("error")
+                or json.dumps(
+                    {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "time_breakdown"}
+                )
+            )
+        )
         results["pong"] = r
     results["machine"]["load_end"] = _load()
     md = report(results)
@@ -453,57 +603,97 @@ def main(argv=None) -> int:
 
 
 def report(results) -> str:
-    lines = [f"# PPO benchmarks ({results['started']}, {results['machine']['cores']} cores, "
-             f"load {_fmt(results['machine']['load_start'])} -> {_fmt(results['machine'].get('load_end'))})", ""]
+    lines = [
+        f"# PPO benchmarks ({results['started']}, {results['machine']['cores']} cores, "
+        f"load {_fmt(results['machine']['load_start'])} -> {_fmt(results['machine'].get('load_end'))})",
+        "",
+    ]
     for key, title in (("cartpole", "CartPole-v1 to 475"), ("pendulum", "InvertedPendulum-v5 to 950")):
         if key not in results:
             continue
         s = results[key]["summary"]
-        lines += [f"## {title}", "", "| candidate | median wall s | median env steps | median steps/s | solved |",
-                  "|---|---:|---:|---:|---:|"]
+        lines += [
+            f"## {title}",
+            "",
+            "| candidate | median wall s | median env steps | median steps/s | solved |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for cand in [c for c in ("sb3", "fastvec", "fastvec_zoo") if c in s]:
             c = s[cand]
-            lines.append(f"| {cand} | {_fmt(c['median_wall_seconds'])} | {_fmt(c['median_env_steps'], 0)} | "
-                         f"{_fmt(c['median_sps'], 0)} | {c['solved']}/{c['runs']} |")
+            lines.append(
+                f"| {cand} | {_fmt(c['median_wall_seconds'])} | {_fmt(c['median_env_steps'], 0)} | "
+                f"{_fmt(c['median_sps'], 0)} | {c['solved']}/{c['runs']} |"
+            )
         if "fastvec_zoo" in s:
-            lines += ["", "`fastvec_zoo`: fastvec's trainer with SB3's (RL Zoo's) hyperparameters "
-                          "(8 envs, n_steps 32, batch 256, 20 epochs, linear lr 1e-3 and clip 0.2)."]
-        lines += ["", f"fastvec / SB3 median wall: **{_fmt(s['ratio_fastvec_vs_sb3'])}x** "
-                      f"(goal <= 0.5x, all seeds solved: {'met' if s['met'] else 'MISSED'})", "",
-                  "| seed | candidate | solved | env steps | wall s | load |", "|---:|---|---|---:|---:|---:|"]
+            lines += [
+                "",
+                "`fastvec_zoo`: fastvec's trainer with SB3's (RL Zoo's) hyperparameters "
+                "(8 envs, n_steps 32, batch 256, 20 epochs, linear lr 1e-3 and clip 0.2).",
+            ]
+        lines += [
+            "",
+            f"fastvec / SB3 median wall: **{_fmt(s['ratio_fastvec_vs_sb3'])}x** "
+            f"(goal <= 0.5x, all seeds solved: {'met' if s['met'] else 'MISSED'})",
+            "",
+            "| seed | candidate | solved | env steps | wall s | load |",
+            "|---:|---|---|---:|---:|---:|",
+        ]
         for r in results[key]["runs"]:
-            lines.append(f"| {r['seed']} | {r['candidate']} | {r.get('solved', r.get('error'))} | "
-                         f"{r.get('env_steps', '—')} | {_fmt(r.get('wall_seconds'))} | {_fmt(r.get('load'))} |")
+            lines.append(
+                f"| {r['seed']} | {r['candidate']} | {r.get('solved', r.get('error'))} | "
+                f"{r.get('env_steps', '—')} | {_fmt(r.get('wall_seconds'))} | {_fmt(r.get('load'))} |"
+            )
         lines.append("")
     for tr in results.get("transports", []):
         s = tr["summary"]
-        lines += [f"## Same trainer and seeds, three transports ({tr['env_id']} to "
-                  f"{THRESHOLDS[tr['env_id']]:g})", "",
-                  "| transport | median wall s | median steps/s | median env steps | solved |", "|---|---:|---:|---:|---:|"]
-        for k, name in (("sync", "gymnasium SyncVectorEnv"), ("subproc", "Pipe-per-env SubprocVecEnv"),
-                        ("fastvec", "fastvec engine")):
+        lines += [
+            f"## Same trainer and seeds, {len(s)} transports ({tr['env_id']} to {THRESHOLDS[tr['env_id']]:g})",
+            "",
+            "| transport | median wall s | median steps/s | median env steps | solved |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for k, name in (
+            ("sync", "gymnasium SyncVectorEnv"),
+            ("subproc", "Pipe-per-env SubprocVecEnv"),
+            ("fastvec", "fastvec engine"),
+        ):
+            if k not in s:  # not run (--transport-kinds)
+                continue
             c = s[k]
-            lines.append(f"| {name} | {_fmt(c['median_wall_seconds'])} | {_fmt(c['median_sps'], 0)} | "
-                         f"{_fmt(c['median_env_steps'], 0)} | {c['solved']}/{c['runs']} |")
+            lines.append(
+                f"| {name} | {_fmt(c['median_wall_seconds'])} | {_fmt(c['median_sps'], 0)} | "
+                f"{_fmt(c['median_env_steps'], 0)} | {c['solved']}/{c['runs']} |"
+            )
         lines.append("")
     if "learners" in results:
-        lines += ["## The numpy learner against torch's autograd (same seeds, the engine)", "",
-                  "| env | learner | median wall s | median env steps | solved | median final return | "
-                  "median learn s | learner samples/s |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "## The numpy learner against torch's autograd (same seeds, the engine)",
+            "",
+            "| env | learner | median wall s | median env steps | solved | median final return | "
+            "median learn s | learner samples/s |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for key, c in results["learners"]["summary"].items():
             env_id, learner = key.rsplit(" ", 1)
             solved = "—" if c["solved"] is None else f"{c['solved']}/{c['runs']}"
-            lines.append(f"| {env_id} | {learner} (ran: {', '.join(map(str, c['learner_used']))}) | "
-                         f"{_fmt(c['median_wall_seconds'])} | {_fmt(c['median_env_steps'], 0)} | {solved} | "
-                         f"{_fmt(c['median_final_return'], 1)} | {_fmt(c['median_learn_seconds'])} | "
-                         f"{_fmt(c['median_learner_sps'], 0)} |")
-        lines += ["", "| env | seed | learner | solved | env steps | wall s | final return | learn s |",
-                  "|---|---:|---|---|---:|---:|---:|---:|"]
+            lines.append(
+                f"| {env_id} | {learner} (ran: {', '.join(map(str, c['learner_used']))}) | "
+                f"{_fmt(c['median_wall_seconds'])} | {_fmt(c['median_env_steps'], 0)} | {solved} | "
+                f"{_fmt(c['median_final_return'], 1)} | {_fmt(c['median_learn_seconds'])} | "
+                f"{_fmt(c['median_learner_sps'], 0)} |"
+            )
+        lines += [
+            "",
+            "| env | seed | learner | solved | env steps | wall s | final return | learn s |",
+            "|---|---:|---|---|---:|---:|---:|---:|",
+        ]
         for r in results["learners"]["runs"]:
             tb = r.get("time_breakdown") or {}
-            lines.append(f"| {r['env']} | {r['seed']} | {r['candidate']} | {r.get('solved', r.get('error'))} | "
-                         f"{r.get('env_steps', '—')} | {_fmt(r.get('wall_seconds'))} | "
-                         f"{_fmt(r.get('final_mean_return'), 1)} | {_fmt(tb.get('learn'))} |")
+            lines.append(
+                f"| {r['env']} | {r['seed']} | {r['candidate']} | {r.get('solved', r.get('error'))} | "
+                f"{r.get('env_steps', '—')} | {_fmt(r.get('wall_seconds'))} | "
+                f"{_fmt(r.get('final_mean_return'), 1)} | {_fmt(tb.get('learn'))} |"
+            )
         lines.append("")
     if "pong" in results:
         r = results["pong"]
@@ -524,8 +714,10 @@ def report(results) -> str:
                 # The update alone bounds the loop: even with free env steps and free acting,
                 # the loop cannot pass rollout steps / update time.
                 bound = r["train_sps"] * sum(tb.values()) / tb["learn"]
-                lines.append(f"- upper bound from the update alone: {bound:.0f} steps/s = "
-                             f"{bound / r['random_sps']:.2f}x random, on {r['device']}")
+                lines.append(
+                    f"- upper bound from the update alone: {bound:.0f} steps/s = "
+                    f"{bound / r['random_sps']:.2f}x random, on {r['device']}"
+                )
         lines.append("")
     return "\n".join(lines)
 

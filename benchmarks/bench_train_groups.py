@@ -10,6 +10,7 @@ split (acting, waiting for the envs, learning), the device's busy fraction and t
 final mean return (the learning must not change: with the same seed the two runs see
 the same actions up to floating-point rounding).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,23 @@ CANDIDATES = {"lockstep": ["env_groups=1"], "groups": ["env_groups=2"]}
 
 def run(env_id: str, steps: int, seed: int, sets: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "fastvec", "train", env_id, "--total-steps", str(steps), "--seed", str(seed),
-               "--no-progress", "--no-tensorboard", "--checkpoint-every", "0", "--logdir", os.path.join(tmp, "run")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fastvec",
+            "train",
+            env_id,
+            "--total-steps",
+            str(steps),
+            "--seed",
+            str(seed),
+            "--no-progress",
+            "--no-tensorboard",
+            "--checkpoint-every",
+            "0",
+            "--logdir",
+            os.path.join(tmp, "run"),
+        ]
         for s in sets:
             cmd += ["--set", s]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=tmp)
@@ -64,30 +80,40 @@ def main():
                 res = run(env_id, int(steps * args.steps_scale), seed, extra + CANDIDATES[c])
                 runs.setdefault(w, {}).setdefault(c, {})[seed] = res
                 tb = res["time_breakdown"]
-                print(f"seed {seed} {w} {c}: {res['wall_seconds']:.1f} s, act {tb['act']:.1f} env {tb['env']:.1f} "
-                      f"learn {tb['learn'] + tb['prepare']:.1f}, busy {res['device_busy_fraction']}, "
-                      f"return {res['final_mean_return']}", flush=True)
-    json.dump({"runs": runs, "machine": platform.platform(), "cores": os.cpu_count()},
-              open(os.path.join(args.out, "train_groups.json"), "w"), indent=1)
-    lines = [f"# fastvec train: batch groups against lock-step ({len(args.seeds)} seeds, "
-             f"{time.time() - t_start:.0f} s)", "",
-             f"`python benchmarks/bench_train_groups.py {' '.join(sys.argv[1:])}` on {platform.platform()}, "
-             f"{os.cpu_count()} cores, CPU learner. Each run a fresh `fastvec train` process with the env's preset "
-             "(same envs, workers and seed for both candidates; groups: `--set env_groups=2`). Medians over seeds "
-             "(min-max); speed-up: lock-step's wall time / the groups run's, per seed.", "",
-             "| workload | candidate | wall s | act s | env s | learn s | device busy | final return per seed "
-             "| speed-up |", "|---|---|---:|---:|---:|---:|---:|---|---:|"]
+                print(
+                    f"seed {seed} {w} {c}: {res['wall_seconds']:.1f} s, act {tb['act']:.1f} env {tb['env']:.1f} "
+                    f"learn {tb['learn'] + tb['prepare']:.1f}, busy {res['device_busy_fraction']}, "
+                    f"return {res['final_mean_return']}",
+                    flush=True,
+                )
+    json.dump(
+        {"runs": runs, "machine": platform.platform(), "cores": os.cpu_count()},
+        open(os.path.join(args.out, "train_groups.json"), "w"),
+        indent=1,
+    )
+    lines = [
+        f"# fastvec train: batch groups against lock-step ({len(args.seeds)} seeds, {time.time() - t_start:.0f} s)",
+        "",
+        f"`python benchmarks/bench_train_groups.py {' '.join(sys.argv[1:])}` on {platform.platform()}, "
+        f"{os.cpu_count()} cores, CPU learner. Each run a fresh `fastvec train` process with the env's preset "
+        "(same envs, workers and seed for both candidates; groups: `--set env_groups=2`). Medians over seeds "
+        "(min-max); speed-up: lock-step's wall time / the groups run's, per seed.",
+        "",
+        "| workload | candidate | wall s | act s | env s | learn s | device busy | final return per seed | speed-up |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for w, by in runs.items():
         for c in CANDIDATES:
             rs = [by[c][s] for s in args.seeds]
-            speed = ([by["lockstep"][s]["wall_seconds"] / by[c][s]["wall_seconds"] for s in args.seeds])
+            speed = [by["lockstep"][s]["wall_seconds"] / by[c][s]["wall_seconds"] for s in args.seeds]
             rets = ", ".join("n/a" if x["final_mean_return"] is None else f"{x['final_mean_return']:.1f}" for x in rs)
             lines.append(
                 f"| {w} | {c} | {_span([x['wall_seconds'] for x in rs], '{:.1f}')} "
                 f"| {_span([x['time_breakdown']['act'] for x in rs], '{:.1f}')} "
                 f"| {_span([x['time_breakdown']['env'] for x in rs], '{:.1f}')} "
                 f"| {_span([x['time_breakdown']['learn'] + x['time_breakdown']['prepare'] for x in rs], '{:.1f}')} "
-                f"| {_span([x['device_busy_fraction'] for x in rs])} | {rets} | {_span(speed)}x |")
+                f"| {_span([x['device_busy_fraction'] for x in rs])} | {rets} | {_span(speed)}x |"
+            )
     open(os.path.join(args.out, "train_groups.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -21,6 +21,7 @@ interleaved over rounds, medians with ranges:
   run takes at least the lock-step wall time minus its acting time (on any number of
   cores; on C busy cores less still is hidden).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,7 @@ STEPS = {"pong": 2000, "halfcheetah": 16000}
 
 def _make(workload):
     if workload == "pong":
-        from fastvec.bench.envs import make_pong
+        from harness.envs import make_pong
 
         return make_pong
     import gymnasium as gym
@@ -102,8 +103,7 @@ def child(spec: dict) -> dict:
 
 def _run(cmd: list[str], timeout: float = 900.0) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=timeout,
-                          env=env)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=timeout, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{' '.join(cmd[:3])}... failed with exit code {proc.returncode}")
@@ -115,7 +115,12 @@ def measure(name: str, train_steps: int) -> dict:
     kind, *rest = name.split(":")
     if kind == "train":
         spec = {"loop": "train", "env": TRAIN_ENV, "steps": train_steps, "cand": rest[0]}
-        return _run([sys.executable, "-m", "fastvec.bench.loops", json.dumps(spec)])
+        from harness.loops import run_child  # the real loops' train child, in a fresh process
+
+        res = run_child(spec, 900.0)
+        if "error" in res:
+            raise RuntimeError(f"train:{rest[0]} failed: {res['error']}")
+        return res
     workload, n = rest
     spec = {"kind": kind, "workload": workload, "steps": STEPS[workload], "envs": int(n)}
     return _run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)])
@@ -131,8 +136,10 @@ def bounds(runs: dict, cores: int, train_steps: int) -> dict:
     rounds = len(runs["train:sync"])
     for label, workload, n, n_sync, goal in VEC_GOALS:
         loop = runs[f"loop:{workload}:{max(1, n // cores)}"]
-        out[label] = {"goal": goal, "per_round": [
-            cores * loop[r]["sps"] / runs[f"sync:{workload}:{n_sync}"][r]["sps"] for r in range(rounds)]}
+        out[label] = {
+            "goal": goal,
+            "per_round": [cores * loop[r]["sps"] / runs[f"sync:{workload}:{n_sync}"][r]["sps"] for r in range(rounds)],
+        }
     hc8 = out[VEC_GOALS[3][0]]["per_round"]
     eng, syn = [], []
     for r in range(rounds):
@@ -143,27 +150,32 @@ def bounds(runs: dict, cores: int, train_steps: int) -> dict:
         syn.append(s["wall_s"] / (s["wall_s"] - env_s * (1.0 - 1.0 / hc8[r])))
         eng.append(e["wall_s"] / (e["wall_s"] - e["times"]["act"]))
     steps = f"{train_steps / 1000:g}k steps"
-    out[f"fastvec train {TRAIN_ENV} ({steps}), engine over its Sync backend"] = {
-        "goal": 1.3, "per_round": syn}
-    out[f"fastvec train {TRAIN_ENV} ({steps}), batch groups over lock-step"] = {
-        "goal": 1.15, "per_round": eng}
+    out[f"fastvec train {TRAIN_ENV} ({steps}), engine over its Sync backend"] = {"goal": 1.3, "per_round": syn}
+    out[f"fastvec train {TRAIN_ENV} ({steps}), batch groups over lock-step"] = {"goal": 1.15, "per_round": eng}
     return out
 
 
 def render(runs: dict, bnds: dict, cores: int, rounds: int, wall: float, argv: list[str]) -> str:
-    lines = [f"# Ceilings of the speed goals on this machine ({rounds} rounds, {wall:.0f} s)", "",
-             f"`python benchmarks/ceilings.py {' '.join(argv)}` on {platform.platform()}, {cores} cores. "
-             "Every measurement in a fresh process, interleaved over rounds; medians (min-max) over rounds. "
-             "How each ceiling is computed: the docstring of `benchmarks/ceilings.py`.", "",
-             "The last column is the share of its ceiling a goal asks for: a vector env or trainer "
-             "meets a goal of 100% only with no cost of its own at all.", "",
-             "| goal | asked | ceiling here | asked / ceiling |", "|---|---:|---:|---:|"]
+    lines = [
+        f"# Ceilings of the speed goals on this machine ({rounds} rounds, {wall:.0f} s)",
+        "",
+        f"`python benchmarks/ceilings.py {' '.join(argv)}` on {platform.platform()}, {cores} cores. "
+        "Every measurement in a fresh process, interleaved over rounds; medians (min-max) over rounds. "
+        "How each ceiling is computed: the docstring of `benchmarks/ceilings.py`.",
+        "",
+        "The last column is the share of its ceiling a goal asks for: a vector env or trainer "
+        "meets a goal of 100% only with no cost of its own at all.",
+        "",
+        "| goal | asked | ceiling here | asked / ceiling |",
+        "|---|---:|---:|---:|",
+    ]
     for label, b in bnds.items():
         m, lo, hi = _med(b["per_round"])
         goal = b["goal"]
         share = "" if goal is None else f"{100 * goal / m:.0f}%" + (" (above every round's)" if goal > hi else "")
-        lines.append(f"| {label} | {'-' if goal is None else f'{goal:.2f}x'} | {m:.2f}x ({lo:.2f}-{hi:.2f}) "
-                     f"| {share} |")
+        lines.append(
+            f"| {label} | {'-' if goal is None else f'{goal:.2f}x'} | {m:.2f}x ({lo:.2f}-{hi:.2f}) | {share} |"
+        )
     lines += ["", "Measured (env steps/s, or seconds):", "", "| measurement | median (min-max) |", "|---|---:|"]
     for name, rs in runs.items():
         if name.startswith("train:"):
@@ -203,7 +215,7 @@ def main(argv=None) -> int:
     runs = {n: [] for n in names}
     t0 = time.perf_counter()
     for r in range(args.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
             print(f"round {r + 1}/{args.rounds}: {n}", file=sys.stderr, flush=True)
             runs[n].append(measure(n, args.train_steps))

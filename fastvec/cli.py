@@ -3,6 +3,7 @@
 Each subcommand lives in its own module and is imported only when used, so that
 ``fastvec bench --help`` does not import torch.
 """
+
 from __future__ import annotations
 
 import sys
@@ -10,7 +11,7 @@ import sys
 _COMMANDS = {
     "train": ("fastvec.train.cli", "Train PPO on a gymnasium env with fastvec."),
     "eval": ("fastvec.train.cli", "Evaluate a checkpoint written by `fastvec train`."),
-    "bench": ("fastvec.bench.cli", "Run the microbenchmarks against the peers."),
+    "bench": ("fastvec.bench", "Env steps/s of fastvec against gymnasium's SyncVectorEnv on an env."),
 }
 
 

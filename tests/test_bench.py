@@ -1,294 +1,74 @@
-"""`fastvec bench`: the quick run writes its files, bad arguments fail cleanly, and the
-baselines SubprocVecEnv peer is a correct vector env."""
-import functools
-import json
-import time
+"""``fastvec bench``: the thin command a user runs measures both vector envs on their env,
+prints one short table, and turns bad input into one line and exit status 2. (The
+project's own benchmarks, in ``benchmarks/``, are tested in test_benchmarks.py.)"""
 
-import numpy as np
+import subprocess
+import sys
+
 import pytest
 
-gym = pytest.importorskip("gymnasium")
+pytest.importorskip("gymnasium")
 
-from fastvec.bench.baselines_subproc import SubprocVecEnv as BaselinesSubprocVecEnv  # noqa: E402
-from fastvec.bench.cli import main  # noqa: E402
-from fastvec.bench.envs import LargeObsEnv, make_gym  # noqa: E402
+from fastvec.bench import main, run  # noqa: E402
 
 
-def test_quick_bench_writes_results(tmp_path, capsys):
-    out = tmp_path / "bench"
-    rc = main("bench", ["--quick", "--out", str(out), "--no-progress"])
-    assert rc == 0, capsys.readouterr()
-    for name in ("results.md", "results.json", "ratios.png", "scaling.png", "latency.png", "worker-output.log"):
-        assert (out / name).is_file(), name
-    for name in ("ratios.png", "scaling.png", "latency.png"):
-        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_bench_measures_both_vector_envs(capsys):
+    assert (
+        main("bench", ["CartPole-v1", "--num-envs", "4", "--steps", "50", "--repeats", "2", "--num-workers", "2"]) == 0
+    )
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("CartPole-v1, 4 envs, 50 timed steps x 2 rounds") and "num_workers: 2" in lines[0]
+    sync = next(ln for ln in lines if ln.startswith("gymnasium SyncVectorEnv"))
+    fast = next(ln for ln in lines if ln.startswith("fastvec.AsyncVectorEnv"))
+    assert sync.endswith("1.00x (1.00-1.00)")
+    assert fast.rstrip().endswith(")") and "x (" in fast
 
-    res = json.loads((out / "results.json").read_text())
-    assert [w["workload"] for w in res["vecenv"]] == ["cartpole16"]
-    rows = {c["candidate"]: c for c in res["vecenv"][0]["candidates"]}
-    assert {"sync", "fastvec", "fastvec_sb3", "baselines", "gym_async"} <= rows.keys()
-    for key, c in rows.items():
-        assert c["errors"] == [], (key, c["errors"])
-        assert c["rounds"] == 2 and c["median_sps"] > 0
-        assert c["ratio"]["min"] <= c["ratio"]["median"] <= c["ratio"]["max"]
-        assert c["latency_ms"]["p50"] <= c["latency_ms"]["p90"] <= c["latency_ms"]["p99"]
-    assert rows["sync"]["ratio"]["median"] == pytest.approx(1.0)
-    assert res["vecenv"][0]["fastvec_vs_baselines"]["median"] > 0
-    # Optional peers are either measured or explained.
-    for key, mod in (("sb3", "stable_baselines3"), ("envpool", "envpool")):
-        if key not in rows:
-            assert any(mod in n for n in res["notes"]), res["notes"]
-    sc = res["scaling"]
-    assert {(p["candidate"], p["num_envs"], p["num_workers"]) for p in sc["points"]} == {
-        ("sync", 4, None), ("fastvec", 4, 1), ("fastvec", 4, 2),
-        ("sync", 16, None), ("fastvec", 16, 1), ("fastvec", 16, 2)}
-    assert all(p["median_sps"] > 0 for p in sc["points"])
-    assert res["gae"]["methods"]["fastvec"]["median_s"] > 0
 
-    md = (out / "results.md").read_text()
-    summary = md.split("## Summary", 1)[1].split("##", 1)[0]
-    table = [line for line in summary.splitlines() if line.startswith("| CartPole-v1, 16 envs |")]
-    assert len(table) == len(rows)
-    labels = [line.split("|")[2].strip() for line in table]
-    assert "gymnasium SyncVectorEnv" in labels and "fastvec.AsyncVectorEnv" in labels
-    assert "baselines SubprocVecEnv (Pipe/env)" in labels
-    sync_row = table[labels.index("gymnasium SyncVectorEnv")]
-    assert "| 1.00x |" in sync_row
-    assert "## Targets" in md and "## Scaling" in md and "## GAE" in md
-    assert "CartPole-v1, 16 envs | fastvec.AsyncVectorEnv / SyncVectorEnv | >= 1.2x" in md
-    printed = capsys.readouterr().out
-    assert "results.md" in printed
+def test_run_returns_every_round():
+    res = run("CartPole-v1", num_envs=3, steps=20, repeats=3)
+    assert res["repeats"] == 3 and res["num_envs"] == 3
+    assert len(res["sps"]["sync"]) == len(res["sps"]["fastvec"]) == len(res["ratios"]) == 3
+    assert all(v > 0 for key in ("sync", "fastvec") for v in res["sps"][key])
+    assert res["ratios"] == pytest.approx([f / s for f, s in zip(res["sps"]["fastvec"], res["sps"]["sync"])])
 
 
 @pytest.mark.parametrize(
     "argv, needle",
     [
+        (["Nope-v9"], "unknown env id 'Nope-v9'"),
+        (["--num-envs", "0"], "--num-envs"),
         (["--repeats", "0"], "--repeats"),
         (["--steps", "abc"], "--steps"),
-        (["--only", "nope"], "unknown workload 'nope'"),
-        (["--no-peers", "torchrl"], "unknown peer 'torchrl'"),
+        (["--num-workers", "-1"], "--num-workers"),
         (["--frobnicate"], "unrecognized arguments"),
     ],
 )
-def test_bad_arguments(argv, needle, capsys):
+def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
     assert main("bench", argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert err.startswith("fastvec bench: error:") and needle in err
 
 
-def test_out_is_a_file(tmp_path, capsys):
-    f = tmp_path / "file"
-    f.write_text("x")
-    assert main("bench", ["--quick", "--out", str(f)]) == 2
-    assert "not a directory" in capsys.readouterr().err
-
-
 def test_help(capsys):
     with pytest.raises(SystemExit) as exc:
         main("bench", ["--help"])
     assert exc.value.code == 0
-    assert "--quick" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--num-envs" in out and "CartPole-v1" in out
 
 
-def test_baselines_subproc_matches_sync():
-    """Same seeds and actions: the peer's observations, rewards and flags equal those of
-    SyncVectorEnv with SAME_STEP autoreset (the worker resets in the same step)."""
-    n = 4
-    fns = [functools.partial(make_gym, "CartPole-v1") for _ in range(n)]
-    ref = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    env = BaselinesSubprocVecEnv(fns)
-    try:
-        assert env.num_envs == n and env.action_space == ref.single_action_space
-        obs, infos = env.reset(seed=123)
-        ref_obs, _ = ref.reset(seed=123)
-        np.testing.assert_array_equal(obs, ref_obs)
-        assert len(infos) == n
-        rng = np.random.default_rng(0)
-        episodes = 0
-        for _ in range(300):
-            actions = rng.integers(0, 2, n)
-            o, r, term, trunc, infos = env.step(actions)
-            ro, rr, rterm, rtrunc, _ = ref.step(actions)
-            np.testing.assert_array_equal(o, ro)
-            np.testing.assert_array_equal(r, rr)
-            np.testing.assert_array_equal(term, rterm)
-            np.testing.assert_array_equal(trunc, rtrunc)
-            assert o.shape == (n, 4) and len(infos) == n
-            episodes += int(np.sum(term | trunc))
-        assert episodes > 5  # autoreset was exercised
-        # Reseeding restarts the same episodes.
-        obs2, _ = env.reset(seed=123)
-        np.testing.assert_array_equal(obs2, ref_obs)
-    finally:
-        env.close()
-        ref.close()
-    assert env.closed and all(not p.is_alive() for p in env.ps)
-    env.close()  # idempotent
-
-
-def test_large_obs_env():
-    env = LargeObsEnv(obs_shape=(3, 210, 160), dtype="uint8", episode_len=3)
-    obs, _ = env.reset(seed=0)
-    assert obs.shape == (3, 210, 160) and obs.dtype == np.uint8 and env.observation_space.contains(obs)
-    flags = [env.step(1)[2] for _ in range(3)]
-    assert flags == [False, False, True]
-    big = LargeObsEnv()
-    o, _ = big.reset()
-    assert o.nbytes == 1 << 20 and big.observation_space.contains(o)
-
-
-# ------------------------------------------------------------------ real loops
-def test_loop_ratios_are_per_round_against_the_baseline():
-    from fastvec.bench.loops import render_markdown, summarize
-
-    case = {"case": "toy", "cands": ("sync", "fastvec")}
-    waits = [dict(parent_naps=0.0, parent_sleeps=p, worker_naps=0.5, worker_sleeps=0.1) for p in (0.2, 0.4)]
-    runs = {"sync": [{"sps": 100.0, "steal": 0.0}, {"sps": 200.0, "steal": 0.01}, {"sps": 50.0, "steal": 0.125}],
-            "fastvec": [{"sps": 150.0, "waits": waits[0], "steal": 0.02}, {"sps": 200.0, "waits": waits[1]},
-                        {"error": "exit code 1"}]}
-    out = summarize("cleanrl", case, runs)
-    rows = {r["candidate"]: r for r in out["candidates"]}
-    s = rows["fastvec"]["stats"]["sps"]
-    assert s["median"] == pytest.approx(175.0) and (s["min"], s["max"]) == (150.0, 200.0)
-    assert s["ratio"] == pytest.approx(1.25) and (s["ratio_min"], s["ratio_max"]) == (1.0, 1.5)
-    assert rows["fastvec"]["errors"] == ["exit code 1"]
-    assert rows["sync"]["stats"]["sps"]["ratio"] == pytest.approx(1.0)
-    assert rows["sync"]["waits"] is None
-    assert rows["fastvec"]["waits"] == pytest.approx(dict(parent_naps=0.0, parent_sleeps=0.3, worker_naps=0.5,
-                                                          worker_sleeps=0.1))
-    md = render_markdown([out])
-    assert "| fastvec.AsyncVectorEnv | 175 (150-200) | **1.25x** (1.00-1.50) | 0.30; 0.50, 0.10 |" in md
-    assert "| gymnasium SyncVectorEnv | 100 (50-200) | **1.00x** (1.00-1.00) |  |" in md
-    # the runs that recorded it: median of (0, 1, 12.5, 2)%, and whose run had the most
-    assert "median 1.5%, at most 12.5% (gymnasium SyncVectorEnv, round 3)." in md
-
-
-def test_loops_run_in_fresh_processes_and_report(tmp_path, monkeypatch, capsys):
-    from fastvec.bench import loops
-
-    tiny = {
-        "gap": [dict(case="CartPole x4", env="CartPole-v1", num_envs=4, gaps=(0.0, 0.5), steps=30,
-                     cands=("sync", "fastvec"))],
-        "cleanrl": [dict(case="CleanRL CartPole x4", env="CartPole-v1", num_envs=4, steps=512,
-                         cands=("sync", "fastvec"))],
-    }
-    monkeypatch.setattr(loops, "CASES", {**loops.CASES, **tiny})
-    out = tmp_path / "loops"
-    rc = main("bench", ["--only", "loop-gap", "loop-cleanrl", "--repeats", "2", "--out", str(out), "--no-progress"])
-    assert rc == 0, capsys.readouterr()
-    res = json.loads((out / "results.json").read_text())
-    assert [c["case"] for c in res["loops"]] == ["CartPole x4", "CleanRL CartPole x4"]
-    for case in res["loops"]:
-        for row in case["candidates"]:
-            assert row["errors"] == [] and len(row["runs"]) == 2, row
-            assert all(0.0 <= res["steal"] <= 1.0 for res in row["runs"]), row["runs"]  # Linux's /proc/stat
-            for key, s in row["stats"].items():
-                assert s["min"] <= s["median"] <= s["max"] and s["ratio"] > 0, key
-    gap = {r["candidate"]: r for r in res["loops"][0]["candidates"]}
-    assert set(gap["fastvec"]["stats"]) == {"0 ms", "0.5 ms", "0 ms iter", "0.5 ms iter"}
-    # fastvec's waits, counted per step (per gap here); none for the serial baseline
-    assert gap["sync"]["waits"] is None and set(gap["fastvec"]["waits"]) == {"0", "0.5"}
-    cleanrl = {r["candidate"]: r for r in res["loops"][1]["candidates"]}
-    assert cleanrl["sync"]["waits"] is None
-    for w in [*gap["fastvec"]["waits"].values(), cleanrl["fastvec"]["waits"]]:
-        assert set(w) == {"parent_naps", "parent_sleeps", "worker_naps", "worker_sleeps"}
-        assert all(0.0 <= v <= 2.0 for v in w.values()), w
-    assert (out / "loops.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    md = (out / "results.md").read_text()
-    assert "## Real loops" in md and "#### CleanRL CartPole x4 (cleanrl)" in md
-    assert "Waits per step of fastvec.AsyncVectorEnv" in md and "worker naps, sleeps |" in md
-    assert md.count("CPU steal during the runs") == 2  # under each case
-
-
-def test_a_loop_past_its_time_says_where_it_was_and_leaves_nothing(capfd):
-    """A child run past its timeout: its stacks and its workers' are printed, it is
-    killed, its workers exit and its segment is freed."""
-    import glob
-
-    import conftest
-    from fastvec.bench.loops import _run_child
-
-    shm_before = set(glob.glob("/dev/shm/fastvec_*"))
-    before = {p.pid for p in conftest._live_children()}  # e.g. an earlier test's forkserver
-    spec = dict(loop="cleanrl", env="CartPole-v1", num_envs=4, steps=10**9, cand="fastvec", round=0)
-    res = _run_child(spec, timeout=6.0)
-    assert res["error"].startswith("timed out after 6 s (Python stacks of processes"), res
-    err = capfd.readouterr().err
-    assert "in child_cleanrl" in err  # the child's own stack ...
-    assert err.count("in worker_main") == 2  # ... and both workers'
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (conftest._new_children(before)
-                                           or set(glob.glob("/dev/shm/fastvec_*")) - shm_before):
-        time.sleep(0.2)
-    assert set(glob.glob("/dev/shm/fastvec_*")) - shm_before == set()
-    assert conftest._new_children(before) == []
-
-
-def test_only_loops_stands_for_every_loop():
-    from fastvec.bench.cli import LOOP_SECTIONS, _plan, build_parser
-
-    plan = _plan(build_parser().parse_args(["--only", "loops", "gae"]))
-    assert plan["sections"] == [*LOOP_SECTIONS, "gae"]
-
-
-def _ceilings_module():
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "ceilings.py"
-    spec = importlib.util.spec_from_file_location("fastvec_ceilings", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_ceilings_are_computed_from_the_measurements():
-    """benchmarks/ceilings.py: the vector-env ceiling is cores x one env's steps/s over
-    SyncVectorEnv's; the trainer's bounds follow its time breakdown."""
-    ceil = _ceilings_module()
-    loop = {"pong:8": [800.0, 820.0], "halfcheetah:16": [6300.0, 6400.0], "halfcheetah:4": [6000.0, 6600.0]}
-    sync = {"pong:8": [760.0, 780.0], "halfcheetah:32": [5800.0, 6000.0], "halfcheetah:8": [5500.0, 6000.0]}
-    runs = {f"loop:{k}": [{"sps": v} for v in vs] for k, vs in loop.items()}
-    runs |= {f"sync:{k}": [{"sps": v} for v in vs] for k, vs in sync.items()}
-    times = {"act": 1.0, "env": 8.0, "prepare": 0.2, "learn": 7.0}
-    runs["train:sync"] = [{"wall_s": 17.0, "times": times}, {"wall_s": 18.0, "times": times}]
-    runs["train:engine"] = [{"wall_s": 14.0, "times": {**times, "act": 1.4}, "env_groups": 1}] * 2
-    b = ceil.bounds(runs, 2, 102_400)
-    pong = b[ceil.VEC_GOALS[0][0]]
-    assert pong["goal"] == 2.1 and pong["per_round"] == pytest.approx([2 * 800 / 760, 2 * 820 / 780])
-    assert b[ceil.VEC_GOALS[2][0]]["per_round"] == pytest.approx([2 * 6300 / 5800, 2 * 6400 / 6000])
-    hc8 = [2 * 6000 / 5500, 2 * 6600 / 6000]  # 4 envs a core in a plain loop
-    assert b[ceil.VEC_GOALS[3][0]]["per_round"] == pytest.approx(hc8)
-    engine = b["fastvec train HalfCheetah-v5 (102.4k steps), engine over its Sync backend"]
-    assert engine["goal"] == 1.3
-    assert engine["per_round"] == pytest.approx([17.0 / (17.0 - 8.0 + 8.0 / hc8[0]), 18.0 / (18.0 - 8.0 + 8.0 / hc8[1])])
-    groups = b["fastvec train HalfCheetah-v5 (102.4k steps), batch groups over lock-step"]
-    assert groups["goal"] == 1.15 and groups["per_round"] == pytest.approx([14.0 / 12.6] * 2)
-    md = ceil.render(runs, b, 2, 2, 1.0, ["--rounds", "2"])
-    assert "| Pong, 16 envs in batches of 8 (ready mode), over SyncVectorEnv x8 | 2.10x | 2.10x (2.10-2.11) | 100% |" in md
-    assert f"| 1.15x | 1.11x (1.11-1.11) | {100 * 1.15 / (14.0 / 12.6):.0f}% (above every round's) |" in md
-    assert "| train:sync wall_s (s) | 17.50 (17.00-18.00) |" in md
-    # a groups run is not a lock-step one: refused, not mixed in
-    runs["train:engine"] = [{**runs["train:engine"][0], "env_groups": 2}] * 2
-    with pytest.raises(RuntimeError, match="lock-step"):
-        ceil.bounds(runs, 2, 102_400)
-
-
-def test_ceilings_child_measures_real_envs():
-    pytest.importorskip("mujoco")
-    ceil = _ceilings_module()
-    for kind in ("loop", "sync"):
-        res = ceil.child({"kind": kind, "workload": "halfcheetah", "steps": 40, "envs": 2})
-        assert res["sps"] > 0, kind
-
-
-def test_train_loop_child_runs_the_learner_it_names():
-    """The train loop's ``*_autograd`` ablation runs torch's autograd; the default the
-    numpy learner (CartPole's MLP on the CPU), on both backends."""
-    from fastvec.bench.loops import child_train
-
-    for cand, learner in (("sync", "numpy"), ("engine_autograd", "torch")):
-        res = child_train({"env": "CartPole-v1", "steps": 1024, "cand": cand})
-        assert res["learner"] == learner and res["times"]["learn"] > 0, cand
-        assert res["lost_wakeups"] == (None if cand == "sync" else 0), res
+def test_the_command_line_door_and_no_torch():
+    """``fastvec bench`` through the ``fastvec`` entry point; the command does not import torch."""
+    code = (
+        "import sys; from fastvec.cli import main; rc = main(['bench', '--num-envs', '2', '--steps', '10', "
+        "'--repeats', '1']); print('torch' in sys.modules); sys.exit(rc)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "fastvec.AsyncVectorEnv" in proc.stdout and proc.stdout.splitlines()[-1] == "False"
+    bad = subprocess.run(
+        [sys.executable, "-m", "fastvec", "bench", "--steps", "0"], capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "fastvec bench: error:" in bad.stderr

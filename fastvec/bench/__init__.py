@@ -1,1 +1,0 @@
-"""Measuring code for fastvec (importable from an installed package)."""
