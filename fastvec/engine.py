@@ -11,11 +11,13 @@ Slots: every array in the segment has a leading ``num_slots`` axis. A step reads
 actions from slot k and writes its results into slot k, so results of earlier steps
 stay readable in place until their slot is reused.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
 from collections.abc import Callable, Sequence
+from types import EllipsisType
 
 import cloudpickle
 import numpy as np
@@ -29,6 +31,7 @@ from ._core.infotable import mask_full
 from ._core.layout import Ring, layout_of, leaves_of, pickled_arrays, plan_segment
 from ._core.pickled import PickledRows
 from ._core.pickling import pickle_payloads
+from ._core.protocol import WaitResult
 from ._core.replies import TABLE_REPORT, WorkerReplies
 from ._core.shm import create_segment
 from ._core.supervisor import CLOSE_GRACE_S, Supervisor
@@ -45,6 +48,11 @@ _MODE_CODES = {
     "next_step": P.AUTORESET_NEXT_STEP,
     "disabled": P.AUTORESET_DISABLED,
 }
+
+# The two wait results the step path tests, hoisted: a module global compares as fast as
+# a bare int, where ``WaitResult.DONE`` costs an attribute lookup (~0.1 us) per step.
+_WAIT_DONE = WaitResult.DONE
+_WAIT_TIMEOUT = WaitResult.TIMEOUT
 
 
 def split_envs(num_envs: int, num_workers: int) -> list[tuple[int, int]]:
@@ -66,8 +74,7 @@ def whole_workers(groups: list[tuple[int, int]], a: int, b: int) -> np.ndarray:
     return np.asarray(ws, dtype=np.intc)
 
 
-def batch_workers(num_workers: int | None, num_envs: int, batch_size: int, cores: int,
-                  mode: str = "groups") -> int:
+def batch_workers(num_workers: int | None, num_envs: int, batch_size: int, cores: int, mode: str = "groups") -> int:
     """Workers for batches of ``batch_size`` envs (the gymnasium door's ``batch_size``,
     the trainer's ``env_groups``). Groups: each of the ``num_envs / batch_size`` groups
     needs whole workers of its own with as many envs each, so the count is a multiple of
@@ -76,23 +83,28 @@ def batch_workers(num_workers: int | None, num_envs: int, batch_size: int, cores
     ``batch_size``. Default: about ``min(num_envs, cores)``."""
     groups = num_envs // batch_size
     if mode == "ready":
+
         def fits(w):
             return num_envs % w == 0 and batch_size % (num_envs // w) == 0
 
         if num_workers is None:  # at least num_envs / batch_size: a batch is not every env
             return min(w for w in range(max(min(num_envs, cores), groups), num_envs + 1) if fits(w))
         if not fits(num_workers):
-            raise ValueError(f"num_workers={num_workers} must divide num_envs={num_envs} into shares that divide "
-                             f"batch_size={batch_size}: batch_mode='ready' returns whole workers' envs")
+            raise ValueError(
+                f"num_workers={num_workers} must divide num_envs={num_envs} into shares that divide "
+                f"batch_size={batch_size}: batch_mode='ready' returns whole workers' envs"
+            )
         return num_workers
     if num_workers is None:
         want = max(1, -(-min(num_envs, cores) // groups))  # workers per group
         per = max(d for d in range(1, want + 1) if batch_size % d == 0)
         return groups * per
     if num_workers % groups or batch_size % (num_workers // groups):
-        raise ValueError(f"num_workers={num_workers} must be a multiple of num_envs / batch_size = {groups} "
-                         f"whose share per group divides batch_size={batch_size}: each batch group runs on "
-                         "workers of its own, with as many envs each")
+        raise ValueError(
+            f"num_workers={num_workers} must be a multiple of num_envs / batch_size = {groups} "
+            f"whose share per group divides batch_size={batch_size}: each batch group runs on "
+            "workers of its own, with as many envs each"
+        )
     return num_workers
 
 
@@ -113,8 +125,14 @@ class Engine(WorkerReplies, EngineBase):
         of ``groups[w]`` run in worker ``w``.
     """
 
-    def __init__(self, env_fns: Sequence[Callable], options: EngineOptions | None = None, *,
-                 num_workers: int | None = None, **option_kwargs):
+    def __init__(
+        self,
+        env_fns: Sequence[Callable],
+        options: EngineOptions | None = None,
+        *,
+        num_workers: int | None = None,
+        **option_kwargs,
+    ):
         self._closed = True  # until fully started
         self._take_options(EngineOptions(**option_kwargs) if options is None else options.replace(**option_kwargs))
         env_fns = check_env_fns(env_fns)
@@ -125,7 +143,7 @@ class Engine(WorkerReplies, EngineBase):
         if num_workers > num_envs:
             raise ValueError(f"num_workers={num_workers} exceeds num_envs={num_envs}")
         opts = self.options
-        # None: waits that learn the loop (channel.pyx); a number: a fixed spin, then sleep.
+        # None: waits that learn the loop (csrc/fastvec/_core/forecast.pxd); a number: a fixed spin, then sleep.
         self.spin_us = opts.spin_us
         self.main_spin_us = opts.main_spin_us
         ctx = mp.get_context(opts.context)
@@ -135,8 +153,15 @@ class Engine(WorkerReplies, EngineBase):
         self.groups = split_envs(num_envs, num_workers)
         self._env_worker = np.repeat(np.arange(num_workers), [b - a for a, b in self.groups])
         self.restarts: list[dict] = []  # one record per worker replaced
-        self._sup = Supervisor(self, ctx, [cloudpickle.dumps(list(env_fns[a:b])) for a, b in self.groups],
-                               self.groups, num_envs, _MODE_CODES[opts.autoreset_mode], opts.daemon)
+        self._sup = Supervisor(
+            self,
+            ctx,
+            [cloudpickle.dumps(list(env_fns[a:b])) for a, b in self.groups],
+            self.groups,
+            num_envs,
+            _MODE_CODES[opts.autoreset_mode],
+            opts.daemon,
+        )
         self._finalizer = self._sup.finalizer
         try:
             self._start()
@@ -168,8 +193,9 @@ class Engine(WorkerReplies, EngineBase):
         self._action_writer = ActionWriter(act_space, self.num_envs, self.options.action_check)
 
         # Phase 2: one segment for everything, laid out once.
-        plan = plan_segment(obs_space, act_space, self.num_slots, self.num_envs, self.num_workers, P.CTL_COLS,
-                            P.INFO_COLS)
+        plan = plan_segment(
+            obs_space, act_space, self.num_slots, self.num_envs, self.num_workers, P.CTL_COLS, P.INFO_COLS
+        )
         segment = create_segment(plan.size)
         self._sup.segment_box.append(segment)
         self.shm_name = segment.name
@@ -183,8 +209,7 @@ class Engine(WorkerReplies, EngineBase):
         writer = self._action_writer
         self._fast_action = None if writer.nested or writer.checks[0].fast is None else writer.checks[0]
         self._ctl = channel.Controller(arrays["ctl"], self._sup.fds, _spin_arg(self.main_spin_us))
-        self._attach_payload = pickle.dumps((segment.name, plan.entries, obs_space, act_space,
-                                             _spin_arg(self.spin_us)))
+        self._attach_payload = pickle.dumps((segment.name, plan.entries, obs_space, act_space, _spin_arg(self.spin_us)))
         self._attach(range(self.num_workers))
 
     def _attach(self, workers) -> None:
@@ -208,11 +233,12 @@ class Engine(WorkerReplies, EngineBase):
                     else:
                         rule = f"share their {what} spaces"
                         if what == "observation":  # gymnasium's words, for its users
-                            rule += (" (the sub-environments observation spaces are not equivalent. If this "
-                                     "is intentional, use `observation_mode='different'` instead.)")
+                            rule += (
+                                " (the sub-environments observation spaces are not equivalent. If this "
+                                "is intentional, use `observation_mode='different'` instead.)"
+                            )
                     raise SpaceMismatchError(
-                        f"env {i} has {what} space {mine}, but env 0 has {want}: "
-                        f"all envs of a vector env must {rule}"
+                        f"env {i} has {what} space {mine}, but env 0 has {want}: all envs of a vector env must {rule}"
                     )
 
     def _replace(self, w: int, slot: int) -> dict[int, dict]:
@@ -225,8 +251,7 @@ class Engine(WorkerReplies, EngineBase):
         self._ctl.forget(w)
         self._table.forget(w)
         replies = self._read_replies([w], "restarting")
-        self._check_spaces(replies[w], self.single_observation_space, self.single_action_space,
-                           self.groups[w][0])
+        self._check_spaces(replies[w], self.single_observation_space, self.single_action_space, self.groups[w][0])
         self._attach([w])
         a, b = self.groups[w]
         self._send_commands(P.CMD_RESET, slot, {w: [(j, {}) for j in range(b - a)]})
@@ -245,7 +270,7 @@ class Engine(WorkerReplies, EngineBase):
         return self._sup.pids
 
     def wait_counts(self) -> dict:
-        """How the waits went so far (a diagnostic: ``fastvec bench``, the tests).
+        """How the waits went so far (a diagnostic: ``benchmarks/bench_loops.py``, the tests).
         ``parent``: of its waits for the workers' replies, how many napped towards a
         forecast and how many slept until a worker rang; ``workers[w]``: the same for
         worker w's waits for the next command. Every other wait was spun through. A
@@ -256,8 +281,10 @@ class Engine(WorkerReplies, EngineBase):
         if self._closed:
             raise ClosedError("this vector env is closed")
         workers = [dict(zip(("naps", "sleeps", "lost"), self._ctl.worker_waits(w))) for w in range(self.num_workers)]
-        return {"parent": {"naps": int(self._ctl.naps), "sleeps": int(self._ctl.sleeps), "lost": int(self._ctl.lost)},
-                "workers": workers}
+        return {
+            "parent": {"naps": int(self._ctl.naps), "sleeps": int(self._ctl.sleeps), "lost": int(self._ctl.lost)},
+            "workers": workers,
+        }
 
     def _unit(self, w: int) -> str:
         return f"worker {w}"
@@ -279,7 +306,7 @@ class Engine(WorkerReplies, EngineBase):
         except OSError as exc:
             raise self._fail(0, f"could not reach the workers: {exc}") from None
 
-    def step(self, actions, slot: int, timeout: float | None = ...) -> StepResult:
+    def step(self, actions, slot: int, timeout: float | None | EllipsisType = ...) -> StepResult:
         """``step_async`` then ``step_wait``, fused for the common step: the doorbells
         are rung and waited for in one compiled call (so a worker sharing the parent's
         CPU gets it at once), and a step whose replies are all payload-less is read
@@ -290,22 +317,25 @@ class Engine(WorkerReplies, EngineBase):
             return super().step(actions, slot, timeout)
         fast = self._fast_action
         self._check_step_slot(slot)
-        if (fast is not None and type(actions) is np.ndarray and actions.shape == fast.shape
-                and fast._fast_in_bounds(actions)):
+        if (
+            fast is not None
+            and type(actions) is np.ndarray
+            and actions.shape == fast.shape
+            and fast._fast_in_bounds(actions)
+        ):
             self.act_bufs[0][slot] = actions
         elif actions is not IN_SLOT:  # anything else: the full checks, which word every error
             self._action_writer.write(self._action_writer.validate(actions), self.act_bufs, slot)
         if timeout is ...:
             timeout = self.step_timeout
         try:
-            waited = self._ctl.issue_all_wait(P.CMD_STEP, slot, self._all_workers,
-                                              -1.0 if timeout is None else timeout)
+            waited = self._ctl.issue_all_wait(P.CMD_STEP, slot, self._all_workers, -1.0 if timeout is None else timeout)
         except channel.DoorbellError as exc:
             raise self._fail(0, f"could not reach the workers: {exc}") from None
         except KeyboardInterrupt:
             self._broken = "interrupted while waiting for the workers"
             raise
-        if waited[0] == 0:
+        if waited[0] == _WAIT_DONE:
             n_table = self._ctl.plain_step_replies(slot)
             if n_table == 0:  # no env had an info to report
                 self._last_slot = slot
@@ -315,8 +345,7 @@ class Engine(WorkerReplies, EngineBase):
                 return StepResult(self, slot, table=table)
         # Anything else (payloads, errors, a dead or silent worker): the general path,
         # starting from what this wait found.
-        reports, failures = self._collect(range(self.num_workers), timeout, "stepping", slot=slot,
-                                          waited=waited)
+        reports, failures = self._collect(range(self.num_workers), timeout, "stepping", slot=slot, waited=waited)
         return self._finish_step(slot, reports, failures)
 
     # ------------------------------------------------------------------ batch groups
@@ -349,12 +378,13 @@ class Engine(WorkerReplies, EngineBase):
     def _send_pickled_step(self, workers, slot: int) -> None:
         """A step whose actions have pickled leaves: each worker's rows go with its command."""
         rows = self._pickled
+        assert rows is not None  # actions with pickled leaves have pickled rows
         self._send_commands(P.CMD_STEP, slot, {int(w): rows.action_rows(slot, *self.groups[w]) for w in workers})
 
     def group_poll(self, workers: np.ndarray, timeout: float) -> bool:
         """Whether ``workers``' step in flight is done (or failed) within ``timeout``."""
         status, _w = self._ctl.wait(workers, max(0.0, timeout))
-        return status != 1
+        return status != _WAIT_TIMEOUT
 
     def group_ready(self, workers: np.ndarray, timeout: float | None) -> list[int]:
         """Those of ``workers`` (each with a step in flight) that are done, or failed:
@@ -365,18 +395,21 @@ class Engine(WorkerReplies, EngineBase):
             return done
         status, w = self._ctl.wait_any(workers, -1.0 if timeout is None else float(timeout))
         done = [int(v) for v in workers if self._ctl.is_done(int(v))]
-        if status in (2, 3) and w not in done:
+        if status in (WaitResult.DIED, WaitResult.GARBLED) and w not in done:
             done.append(int(w))  # dead or garbled: group_recv reports (or restarts) it
         return done
 
-    def group_recv(self, workers: np.ndarray, slot: int, prev_slot: int, timeout: float | None = ...) -> StepResult:
+    def group_recv(
+        self, workers: np.ndarray, slot: int, prev_slot: int, timeout: float | None | EllipsisType = ...
+    ) -> StepResult:
         """Finish the step ``group_send`` started on ``workers``: its ``StepResult``
         (infos with global env indices). ``prev_slot``: where those envs' previous
         observations are (a replaced worker's envs end their episode with them)."""
         pending = self._pending_groups or {}
         if any(pending.get(int(w)) != slot for w in workers):
-            raise RuntimeError(f"group_recv() of workers {list(map(int, workers))} in slot {slot} without their "
-                               "group_send()")
+            raise RuntimeError(
+                f"group_recv() of workers {list(map(int, workers))} in slot {slot} without their group_send()"
+            )
         for w in workers:
             del pending[int(w)]
         if timeout is ...:
@@ -411,6 +444,7 @@ class Engine(WorkerReplies, EngineBase):
                 continue
             start = self.groups[w][0]
             if report[0] == "objs":  # pickled observation leaves, then the records (or None)
+                assert self._pickled is not None  # only workers with pickled leaves send "objs"
                 body = self._pickled.take_step(slot, start, report)
                 if body is not None:
                     records += [(start + j, step_info, reset_info) for j, step_info, reset_info in body]
@@ -440,7 +474,7 @@ class Engine(WorkerReplies, EngineBase):
         self._send_commands(P.CMD_RESET, slot, targets)
         self._pending_cmd = ("reset", slot, sorted(targets))
 
-    def reset_wait(self, timeout: float | None = ...) -> dict[int, dict]:
+    def reset_wait(self, timeout: float | None | EllipsisType = ...) -> dict[int, dict]:
         _, slot, workers = self._take_pending("reset")
         replies = self._gather(workers, self.step_timeout if timeout is ... else timeout, "resetting")
         infos = {}
@@ -459,13 +493,11 @@ class Engine(WorkerReplies, EngineBase):
         for n, i in enumerate(indices):
             w = int(self._env_worker[i])
             targets.setdefault(w, []).append((i - self.groups[w][0], None if values is None else values[n]))
-        per_worker = {
-            w: (kind, name, tuple(args), dict(kwargs or {}), t) for w, t in targets.items()
-        }
+        per_worker = {w: (kind, name, tuple(args), dict(kwargs or {}), t) for w, t in targets.items()}
         self._send_commands(P.CMD_CALL, 0, per_worker)
         self._pending_cmd = ("call", indices, sorted(targets), f"{kind}({name!r})")
 
-    def call_wait(self, timeout: float | None = ...) -> list:
+    def call_wait(self, timeout: float | None | EllipsisType = ...) -> list:
         _, indices, workers, doing = self._take_pending("call")
         replies = self._gather(workers, self.step_timeout if timeout is ... else timeout, doing)
         cursor = {w: iter(r) for w, r in replies.items()}
@@ -482,10 +514,12 @@ class Engine(WorkerReplies, EngineBase):
         else:
             raise RuntimeError("poll() called with nothing in flight")
         status, _w = self._ctl.wait(workers, max(0.0, float(timeout)))
-        return status != 1
+        return status != _WAIT_TIMEOUT
 
     def _drain_command(self) -> None:
-        _, _slot, workers, *_ = self._pending_cmd
+        pending = self._pending_cmd
+        assert pending is not None  # close() drains only a command in flight
+        _, _slot, workers, *_ = pending
         self._pending_cmd = None
         self._gather(workers, CLOSE_GRACE_S, "closing")
 
@@ -512,7 +546,7 @@ class Engine(WorkerReplies, EngineBase):
     def _drop_views(self) -> None:
         super()._drop_views()
         self._ctl = None
-        self._table = None
+        self._table = None  # type: ignore[assignment]  # closed: nothing reads it again (every call checks _closed first)
 
 
 def _spin_arg(spin_us: float | None) -> float:

@@ -2,8 +2,12 @@
 
 Compiled (Cython, sources in ``csrc/fastvec/_core/``):
 
-- ``protocol``: the wire protocol's constants, declared once (``protocol.pxd``);
-- ``channel``: socket framing and the doorbells of the shared control block;
+- ``protocol``: the wire protocol's constants, declared once (``protocol.pxd``), and
+  ``WaitResult``, how a wait for replies ended;
+- ``channel``: one import point for the control channel's pieces: ``framing`` (socket
+  framing), ``controller`` (the parent's side of the doorbells of the shared control
+  block) and ``worker_channel`` (a worker's side); how their waits learn the loop is in
+  ``forecast.pxd``, the machine-tuned numbers in ``tuning.pxd``;
 - ``stepper``: the worker's step loop;
 - ``bounds``: the action bounds check;
 - ``infotable``: the shared info table's helpers.

@@ -7,6 +7,7 @@ space; "dtype" lets through whatever the space's dtype holds exactly, as gymnasi
 passes actions to its envs unchecked. A pickled leaf's batch must be a sequence of one
 value per env; the values themselves go to the envs as they are.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,8 +41,9 @@ def _as_array(value, where: str) -> np.ndarray:
 
 def _wrong_shape(where: str, shape: tuple, expected: tuple) -> ValueError:
     if shape == () and expected != ():  # gymnasium raises TypeError here: both, then
-        return ActionTypeError(f"{where} is a single value, but a vector env takes a batch of shape {expected} "
-                               "(num_envs, *action_shape)")
+        return ActionTypeError(
+            f"{where} is a single value, but a vector env takes a batch of shape {expected} (num_envs, *action_shape)"
+        )
     return ValueError(f"{where} has shape {shape}, expected {expected} (num_envs, *action_shape)")
 
 
@@ -62,8 +64,10 @@ class _PickledCheck:
                 raise _wrong_shape(self.where, (), (self.num_envs,))
             value = list(value)
         if not isinstance(value, (tuple, list)):
-            raise ActionTypeError(f"{self.where} must be a tuple or list of {self.num_envs} values "
-                                  f"(one per env) for {self.leaf.space}, got {type(value).__name__}")
+            raise ActionTypeError(
+                f"{self.where} must be a tuple or list of {self.num_envs} values "
+                f"(one per env) for {self.leaf.space}, got {type(value).__name__}"
+            )
         if len(value) != self.num_envs:
             raise ValueError(f"{self.where} has {len(value)} values, expected one per env ({self.num_envs})")
         return value
@@ -101,14 +105,18 @@ class _DtypeCheck(_ArrayCheck):
         if self.dtype.kind == "f" or arr.dtype == self.dtype:
             return arr
         if arr.dtype.kind == "f" and not (np.isfinite(arr).all() and np.array_equal(arr, np.round(arr))):
-            raise ValueError(f"{self.where} must hold whole numbers for {self.leaf.space} (dtype {self.dtype}); "
-                             "the shared memory would change the value")
+            raise ValueError(
+                f"{self.where} must hold whole numbers for {self.leaf.space} (dtype {self.dtype}); "
+                "the shared memory would change the value"
+            )
         with np.errstate(invalid="ignore", over="ignore"):
             cast = arr.astype(self.dtype)
         if not np.array_equal(cast, arr):
             bad = np.argwhere(cast != arr)[0]
-            raise ValueError(f"{self.where} for env {int(bad[0])} does not fit dtype {self.dtype} of "
-                             f"{self.leaf.space}: {arr[tuple(bad)]!r} would become {cast[tuple(bad)]!r}")
+            raise ValueError(
+                f"{self.where} for env {int(bad[0])} does not fit dtype {self.dtype} of "
+                f"{self.leaf.space}: {arr[tuple(bad)]!r} would become {cast[tuple(bad)]!r}"
+            )
         return arr
 
 
@@ -164,8 +172,12 @@ class _LeafCheck(_ArrayCheck):
         that dtype). False also means "not decided": the numpy path decides and words
         the error."""
         fast = self.fast
-        return (fast is not None and arr.dtype in fast[4] and arr.flags.c_contiguous
-                and in_bounds(arr.reshape(fast[0], fast[1]), fast[2], fast[3]))
+        return (
+            fast is not None
+            and arr.dtype in fast[4]
+            and arr.flags.c_contiguous
+            and in_bounds(arr.reshape(fast[0], fast[1]), fast[2], fast[3])
+        )
 
     def check(self, value) -> np.ndarray:
         # The usual batch first, in as few steps as possible.
@@ -223,9 +235,7 @@ class ActionWriter:
             try:
                 value = get_path(actions, chk.leaf.path)
             except (KeyError, IndexError, TypeError):
-                raise ValueError(
-                    f"{chk.where} is missing: actions must be batched like {self.space}"
-                ) from None
+                raise ValueError(f"{chk.where} is missing: actions must be batched like {self.space}") from None
             out.append(chk.check(value))
         return out
 
@@ -233,7 +243,7 @@ class ActionWriter:
         """Write checked ``arrays`` into ``dest_leaves[.][slot]``, from env ``start`` on
         (a batch's rows; 0 and every env for a whole step)."""
         for chk, arr, dest in zip(self.checks, arrays, dest_leaves):
-            row = dest[slot, start:start + len(arr)]
+            row = dest[slot, start : start + len(arr)]
             if chk.pickled:  # one object per env (a value may itself be a sequence)
                 for i, value in enumerate(arr):
                     row[i] = value

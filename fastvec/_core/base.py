@@ -16,10 +16,12 @@ views of observations and closing. A subclass implements the transport:
 - ``_unit(group)``: how messages name a group ("worker 1", "actor 1 (node ...)");
 - ``_drain()``: let a step in flight finish before closing; ``reset`` and ``call``.
 """
+
 from __future__ import annotations
 
 import operator
 import warnings
+from types import EllipsisType
 
 import numpy as np
 from gymnasium import spaces
@@ -64,8 +66,11 @@ class EngineBase:
         self.rewards, self.terminated, self.truncated = ring.rewards, ring.terminated, ring.truncated
         self._final_pytype = arrays.get("final_pytype")  # see Stepper.int_paths
         # A plain (not Dict/Tuple) observation: one leaf, handed out without rebuilding.
-        self._flat_obs = len(self.obs_bufs) == 1 and self.obs_bufs[0].dtype != OBJECT and not isinstance(
-            self.single_observation_space, (spaces.Dict, spaces.Tuple))
+        self._flat_obs = (
+            len(self.obs_bufs) == 1
+            and self.obs_bufs[0].dtype != OBJECT
+            and not isinstance(self.single_observation_space, (spaces.Dict, spaces.Tuple))
+        )
 
     def _take_options(self, options) -> None:
         """Keep ``options`` (an ``EngineOptions``) and, as plain attributes for the step
@@ -95,8 +100,9 @@ class EngineBase:
         if self._pending_slot is not None:
             raise RuntimeError("a step is in flight: call step_wait() before anything else")
         if self._pending_cmd is not None:
-            raise RuntimeError(f"a {self._pending_cmd[0]} is in flight: call {self._pending_cmd[0]}_wait() "
-                               "before anything else")
+            raise RuntimeError(
+                f"a {self._pending_cmd[0]} is in flight: call {self._pending_cmd[0]}_wait() before anything else"
+            )
         if self._pending_groups and not batches_ok:
             raise RuntimeError("batch steps are in flight (group_send): group_recv them before anything else")
 
@@ -137,7 +143,7 @@ class EngineBase:
         self._dispatch(slot)
         self._pending_slot = slot
 
-    def step_wait(self, timeout: float | None = ...) -> StepResult:
+    def step_wait(self, timeout: float | None | EllipsisType = ...) -> StepResult:
         """Finish the step in flight (``timeout`` in seconds; default ``step_timeout``).
 
         A failed group raises ``WorkerError`` (after every healthy group's reply is in);
@@ -152,7 +158,7 @@ class EngineBase:
         reports, failures = self._collect_step(slot, timeout)
         return self._finish_step(slot, reports, failures)
 
-    def step(self, actions, slot: int, timeout: float | None = ...) -> StepResult:
+    def step(self, actions, slot: int, timeout: float | None | EllipsisType = ...) -> StepResult:
         """``step_async`` then ``step_wait``: what a front door's ``step`` does."""
         self.step_async(actions, slot)
         return self.step_wait(timeout)
@@ -189,8 +195,11 @@ class EngineBase:
             if isinstance(again, WorkerError):
                 raise again from exc
             raise
-        warnings.warn(f"{self._log_prefix}: {exc}; restarted {self._unit(w)} and reset envs {a}..{b - 1}",
-                      RuntimeWarning, stacklevel=5)
+        warnings.warn(
+            f"{self._log_prefix}: {exc}; restarted {self._unit(w)} and reset envs {a}..{b - 1}",
+            RuntimeWarning,
+            stacklevel=5,
+        )
         self.restarts.append({**self._restart_record(w), "envs": list(range(a, b)), "error": str(exc)})
         self.rewards[slot, a:b] = 0.0
         self.terminated[slot, a:b] = False
@@ -232,8 +241,9 @@ class EngineBase:
         if self._flat_obs:
             arr = self.obs_bufs[0][slot]
             return arr.copy() if copy else arr if writable else readonly_view(arr)
-        return build_nested(self.single_observation_space,
-                            [leaf_batch(b, slot, copy, writable) for b in self.obs_bufs])[0]
+        return build_nested(
+            self.single_observation_space, [leaf_batch(b, slot, copy, writable) for b in self.obs_bufs]
+        )[0]
 
     def final_obs_of(self, slot: int, i: int):
         """A copy of env i's final observation of the episode that ended in ``slot``."""

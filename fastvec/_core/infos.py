@@ -14,6 +14,7 @@ segment's shared info table (``table_kind`` says which types fit a cell exactly)
 tells the parent its columns once. Turning any of these forms into gymnasium's or SB3's
 format is the front doors' job (``fastvec.doors``).
 """
+
 from __future__ import annotations
 
 import pickle
@@ -212,8 +213,15 @@ class StepResult:
         return records
 
     def __repr__(self) -> str:
-        form = "table" if self.table is not None else "columns" if self.columns is not None else \
-            f"{len(self.records)} records" if self.records else "no infos"
+        form = (
+            "table"
+            if self.table is not None
+            else "columns"
+            if self.columns is not None
+            else f"{len(self.records)} records"
+            if self.records
+            else "no infos"
+        )
         return f"StepResult(slot={self.slot}, {form})"
 
 
@@ -237,8 +245,13 @@ class InfoTable:
         """Worker w's columns grew: ``("schema", [(key, type), ...])``. False if the
         report is malformed."""
         old = self.schemas[w]
-        if not (isinstance(report, tuple) and len(report) == 2 and report[0] == "schema"
-                and isinstance(report[1], list) and len(old) <= len(report[1]) <= self.max_cols):
+        if not (
+            isinstance(report, tuple)
+            and len(report) == 2
+            and report[0] == "schema"
+            and isinstance(report[1], list)
+            and len(old) <= len(report[1]) <= self.max_cols
+        ):
             return False
         schema = []
         for k, entry in enumerate(report[1]):
@@ -285,8 +298,9 @@ class InfoTable:
         with an array of exact int64/float64 bits."""
         schema = self.uniform
         if schema is not None and mask_full(self.mask, slot, len(schema)):
-            block_i = self.info_i[slot, :, :len(schema)].T.copy()
+            block_i = self.info_i[slot, :, : len(schema)].T.copy()
             block_f = block_i.view(np.float64)
-            return {key: (kind, None, block_i[c] if is_int else block_f[c])
-                    for c, (key, kind, is_int) in enumerate(schema)}, None
+            return {
+                key: (kind, None, block_i[c] if is_int else block_f[c]) for c, (key, kind, is_int) in enumerate(schema)
+            }, None
         return join_parts([(0, self.worker_columns(w, slot)) for w in range(len(self.groups))], [])

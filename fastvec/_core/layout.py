@@ -12,6 +12,7 @@ the segment, and its values travel pickled with the commands and replies that co
 them (``PickledRows``); its batched value is a tuple of per-env values, as
 ``gymnasium.vector.utils.batch_space`` makes it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,8 +73,10 @@ def layout_of(space: spaces.Space) -> list | None:
     """What the ring needs of a space: its leaves' paths, shapes and dtypes, a pickled
     leaf's type (None for what is not a space)."""
     try:
-        return [(leaf.path, leaf.shape, type(leaf.space) if leaf.pickled else leaf.dtype)
-                for leaf in leaves_of(space, pickled=True)]
+        return [
+            (leaf.path, leaf.shape, type(leaf.space) if leaf.pickled else leaf.dtype)
+            for leaf in leaves_of(space, pickled=True)
+        ]
     except (TypeError, ValueError):
         return None
 
@@ -156,7 +159,7 @@ class SegmentPlan:
         self.size = offset + nbytes
 
     @classmethod
-    def from_entries(cls, entries: list) -> "SegmentPlan":
+    def from_entries(cls, entries: list) -> SegmentPlan:
         """The plan another process laid out, from its ``entries``."""
         plan = cls()
         plan.entries = list(entries)
@@ -171,8 +174,9 @@ class SegmentPlan:
         return out
 
 
-def plan_segment(obs_space, act_space, num_slots: int, num_envs: int, num_workers: int = 0,
-                 ctl_cols: int = 0, info_cols: int = 0) -> SegmentPlan:
+def plan_segment(
+    obs_space, act_space, num_slots: int, num_envs: int, num_workers: int = 0, ctl_cols: int = 0, info_cols: int = 0
+) -> SegmentPlan:
     """Lay out the ring (observations, final observations, actions, rewards, flags),
     after the control block of ``num_workers`` workers (none when 0) and before the info
     table (``info_cols`` numeric info cells per env and slot; none when 0)."""
@@ -225,12 +229,15 @@ class Ring:
     truncated: np.ndarray
 
     @classmethod
-    def of(cls, arrays: dict, envs: tuple | None = None) -> "Ring":
-        part = (lambda a: a) if envs is None else (lambda a: a[:, envs[0]:envs[1]])
+    def of(cls, arrays: dict, envs: tuple | None = None) -> Ring:
+        part = (lambda a: a) if envs is None else (lambda a: a[:, envs[0] : envs[1]])
         n_obs = sum(1 for name in arrays if name.startswith("obs"))
         n_act = sum(1 for name in arrays if name.startswith("act"))
-        return cls(obs=[part(arrays[f"obs{i}"]) for i in range(n_obs)],
-                   final=[part(arrays[f"final{i}"]) for i in range(n_obs)],
-                   act=[part(arrays[f"act{i}"]) for i in range(n_act)],
-                   rewards=part(arrays["rewards"]), terminated=part(arrays["terminated"]),
-                   truncated=part(arrays["truncated"]))
+        return cls(
+            obs=[part(arrays[f"obs{i}"]) for i in range(n_obs)],
+            final=[part(arrays[f"final{i}"]) for i in range(n_obs)],
+            act=[part(arrays[f"act{i}"]) for i in range(n_act)],
+            rewards=part(arrays["rewards"]),
+            terminated=part(arrays["terminated"]),
+            truncated=part(arrays["truncated"]),
+        )

@@ -14,6 +14,7 @@ in the parent and in every worker. What one side wrote, the other needs:
 
 Only spaces with pickled leaves take these paths: the zero-copy step stays as it is.
 """
+
 from __future__ import annotations
 
 from .infos import InfoPicklingError
@@ -32,7 +33,7 @@ class PickledRows:
         self.act = [act[k] for k, leaf in enumerate(act_leaves) if leaf.pickled]
 
     @classmethod
-    def of(cls, ring, obs_leaves, act_leaves) -> "PickledRows | None":
+    def of(cls, ring, obs_leaves, act_leaves) -> PickledRows | None:
         """None when neither space has a pickled leaf."""
         if not any(leaf.pickled for leaf in obs_leaves + act_leaves):
             return None

@@ -1,4 +1,5 @@
 """Pickling what crosses a process boundary: payloads of commands and replies."""
+
 from __future__ import annotations
 
 import pickle

@@ -4,6 +4,7 @@ A dead, silent or garbling worker is *fatal* (the engine is unusable until close
 the worker is replaced); an env that raised is not. Either way every healthy worker's
 reply is read first, so that no reply is left to be mistaken for a later one.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -14,6 +15,7 @@ import numpy as np
 from ..errors import WorkerError, load_cause_class, worker_error
 from . import channel
 from . import protocol as P
+from .protocol import WaitResult
 
 __all__ = ["WorkerReplies", "TABLE_REPORT"]
 
@@ -24,6 +26,8 @@ TABLE_REPORT = ("table", None)
 class WorkerReplies:
     """``Engine``'s reading of its workers' replies (uses ``_ctl``, the doorbells;
     ``_sup``, the processes; ``_table``, the info schemas)."""
+
+    _broken: str | None  # declared by EngineBase: why the engine is unusable, None while it is fine
 
     def _gather(self, workers, timeout, doing: str, slot: int | None = None) -> dict:
         """Collect one reply from each worker in ``workers``: {worker: payload object}.
@@ -67,17 +71,17 @@ class WorkerReplies:
                 else:
                     status, w = self._ctl.wait(first if first is not None else np.asarray(pending, dtype=np.intc), left)
                 first = None
-                if status == 0:
+                if status == WaitResult.DONE:
                     break
-                if status == 2:
+                if status == WaitResult.DIED:
                     fail(w, self._sup.death_message(w, doing))
                     pending.remove(w)
                     continue
-                if status == 3:
+                if status == WaitResult.GARBLED:
                     fail(w, f"{describe(w)} sent a malformed message while {doing}")
                     pending.remove(w)
                     continue
-                for v in list(pending):  # timed out: every worker still silent has failed
+                for v in list(pending):  # WaitResult.TIMEOUT: every worker still silent has failed
                     if not self._ctl.is_done(v):
                         fail(v, f"{describe(v)} did not answer within {timeout:g} s while {doing}")
                         pending.remove(v)
@@ -125,8 +129,7 @@ class WorkerReplies:
         describe = self._sup.describe
         for w, (cmd, _slot, arg, blob) in replies.items():
             if cmd not in (P.REPLY_DONE, P.REPLY_RESULT, P.REPLY_ERROR, P.REPLY_READY):
-                raise self._fail(w, f"{describe(w)} sent a malformed control message "
-                                    f"(reply code {cmd}) while {doing}")
+                raise self._fail(w, f"{describe(w)} sent a malformed control message (reply code {cmd}) while {doing}")
             try:
                 obj = pickle.loads(blob) if blob is not None else None
             except Exception as exc:
@@ -147,11 +150,13 @@ class WorkerReplies:
             idx = info.get("env_index")
             where = f"env {idx}" if idx is not None else describe(w)
             raise worker_error(
-                f"{where} raised {info['exc_type']}: {info['message']} (during {info['during']}, "
-                f"in {describe(w)})",
+                f"{where} raised {info['exc_type']}: {info['message']} (during {info['during']}, in {describe(w)})",
                 cause_class=load_cause_class(info.get("exc_class")),
-                worker=w, env_indices=range(*self.groups[w]), env_index=idx,
-                exc_type=info["exc_type"], exc_message=info["message"],
+                worker=w,
+                env_indices=range(*self.groups[w]),
+                env_index=idx,
+                exc_type=info["exc_type"],
+                exc_message=info["message"],
                 worker_traceback=info["traceback"],
             )
         return results

@@ -7,6 +7,7 @@ Workers map the segment directly, *without* ``SharedMemory``: on Python < 3.13 a
 through it registers the name with the resource tracker again, and a tracker that thinks
 a worker owns the segment may warn about a leak or unlink it while others still use it.
 """
+
 from __future__ import annotations
 
 import _posixshmem

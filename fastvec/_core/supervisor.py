@@ -4,6 +4,7 @@ A ``Supervisor`` owns one process and one socket per worker. Closing our end of 
 worker's socket is the close command: the worker reads end of file, closes its envs and
 exits. A worker that does not (an env stuck in a step) gets SIGTERM, then SIGKILL.
 """
+
 from __future__ import annotations
 
 import os
@@ -57,8 +58,7 @@ class Supervisor:
     envs worker ``w`` runs; ``fds`` (an int array the doorbells read in place) holds
     the parent's end of each worker's socket."""
 
-    def __init__(self, owner, ctx, env_blobs: list, groups: list, num_envs: int, mode: int,
-                 daemon: bool = True):
+    def __init__(self, owner, ctx, env_blobs: list, groups: list, num_envs: int, mode: int, daemon: bool = True):
         self.ctx = ctx
         self.daemon = daemon
         self.blobs = env_blobs
@@ -70,8 +70,7 @@ class Supervisor:
         self.conns: list = [None] * n
         self.fds = np.full(n, -1, dtype=np.intc)
         self.segment_box: list = []  # the segment, once created, so the finalizer frees it
-        self.finalizer = weakref.finalize(owner, shutdown, self.procs, self.conns, self.segment_box,
-                                          CLOSE_GRACE_S)
+        self.finalizer = weakref.finalize(owner, shutdown, self.procs, self.conns, self.segment_box, CLOSE_GRACE_S)
 
     @property
     def pids(self) -> list[int]:
@@ -82,8 +81,11 @@ class Supervisor:
         start, _stop = self.groups[w]
         parent, child = self.ctx.Pipe(duplex=True)
         # With fork the child inherits every socket of ours; it closes all but its own.
-        close_fds = [c.fileno() for c in self.conns if c is not None] + [parent.fileno()] \
-            if self.ctx.get_start_method() == "fork" else []
+        close_fds = (
+            [c.fileno() for c in self.conns if c is not None] + [parent.fileno()]
+            if self.ctx.get_start_method() == "fork"
+            else []
+        )
         proc = self.ctx.Process(
             target=worker_main,
             args=(w, child, self.blobs[w], start, self.num_envs, self.mode, os.getpid(), close_fds),

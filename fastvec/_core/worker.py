@@ -3,6 +3,7 @@
 Steps are served by the compiled loop in ``stepper.Stepper.serve``; everything rarer
 (reset, attribute access, method calls, close) is handled here in Python.
 """
+
 from __future__ import annotations
 
 import os
@@ -107,9 +108,7 @@ def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_f
         except OSError:
             pass
     fd = conn.fileno()
-    threading.Thread(
-        target=_watch_parent, args=(main_pid, os.getppid() == main_pid), daemon=True
-    ).start()
+    threading.Thread(target=_watch_parent, args=(main_pid, os.getppid() == main_pid), daemon=True).start()
 
     envs = []
     segment = stepper = arrays = None
@@ -122,8 +121,13 @@ def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_f
                 channel.send_header(fd, P.REPLY_ERROR, 0, 0, _error_payload(exc, offset + j, "env creation"))
                 return
         spaces = [
-            (env.observation_space, env.action_space, dict(getattr(env, "metadata", {}) or {}),
-             getattr(env, "render_mode", None), getattr(env, "spec", None))
+            (
+                env.observation_space,
+                env.action_space,
+                dict(getattr(env, "metadata", {}) or {}),
+                getattr(env, "render_mode", None),
+                getattr(env, "spec", None),
+            )
             for env in envs
         ]
         try:
@@ -141,18 +145,30 @@ def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_f
         ring = Ring.of(arrays)
         obs_leaves = leaves_of(obs_space, pickled=True)
         stepper = Stepper(
-            envs, offset, num_envs, mode, ring.obs, ring.final,
-            [leaf.path for leaf in obs_leaves], ring.act, act_space, build_nested,
-            ring.rewards, ring.terminated, ring.truncated,
-            table_kind, dump_records, arrays.get("info_table"), arrays.get("info_mask"),
+            envs,
+            offset,
+            num_envs,
+            mode,
+            ring.obs,
+            ring.final,
+            [leaf.path for leaf in obs_leaves],
+            ring.act,
+            act_space,
+            build_nested,
+            ring.rewards,
+            ring.terminated,
+            ring.truncated,
+            table_kind,
+            dump_records,
+            arrays.get("info_table"),
+            arrays.get("info_mask"),
             [leaf.path for leaf in obs_leaves if isinstance(leaf.space, gym_spaces.Discrete) and not leaf.pickled],
             arrays.get("final_pytype"),
         )
         rows = PickledRows.of(ring, obs_leaves, leaves_of(act_space, pickled=True))
         if rows is not None:
             end = offset + len(envs)
-            stepper.report_pickled = lambda slot, records, ended: rows.step_report(
-                slot, offset, end, records, ended)
+            stepper.report_pickled = lambda slot, records, ended: rows.step_report(slot, offset, end, records, ended)
         chan = channel.WorkerChannel(arrays["ctl"], index, fd, spin_us)
         channel.send_header(fd, P.REPLY_DONE, 0, 0)
         _serve(chan, stepper, envs, offset, rows)
@@ -196,8 +212,9 @@ def _serve(chan, stepper, envs, offset, rows) -> None:
         elif cmd == P.CMD_CALL:
             _call(chan, envs, offset, payload)
         else:
-            chan.reply(P.REPLY_ERROR, 0, _error_payload(
-                ValueError(f"unknown command {cmd}"), None, "reading a command"))
+            chan.reply(
+                P.REPLY_ERROR, 0, _error_payload(ValueError(f"unknown command {cmd}"), None, "reading a command")
+            )
 
 
 def _reset(chan, stepper, envs, offset, slot, payload, rows) -> None:
@@ -235,8 +252,11 @@ def _reply_result(chan, result, env_index) -> None:
     try:
         blob = dumps(result)
     except Exception as exc:
-        chan.reply(P.REPLY_ERROR, 0, _error_payload(
-            TypeError(f"the result could not be pickled back to the parent: {exc}"), env_index, "reply"))
+        chan.reply(
+            P.REPLY_ERROR,
+            0,
+            _error_payload(TypeError(f"the result could not be pickled back to the parent: {exc}"), env_index, "reply"),
+        )
         return
     chan.reply(P.REPLY_RESULT, 0, blob)
 

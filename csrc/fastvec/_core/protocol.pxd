@@ -2,9 +2,10 @@
 # cimport these names, Python imports them from ``fastvec._core.protocol``.
 #
 # A message is a 16-byte header of four int32 (code, slot, argument, payload length),
-# optionally followed by a pickled payload, on a socketpair per worker. For the hot
-# commands the header fields also sit in the shared control block (see channel.pyx),
-# and the socket carries only a WAKE header when the receiver sleeps.
+# optionally followed by a pickled payload, on a socketpair per worker (framing.pyx). For
+# the hot commands the header fields also sit in the shared control block (its columns
+# below; controller.pyx and worker_channel.pyx ring the doorbells), and the socket
+# carries only a WAKE header when the receiver sleeps.
 
 cpdef enum:
     # Commands, parent -> worker (closing is the parent closing its end of the socket).
@@ -33,3 +34,38 @@ cpdef enum:
     AUTORESET_SAME_STEP = 0
     AUTORESET_NEXT_STEP = 1
     AUTORESET_DISABLED = 2
+
+
+# What a wait for replies ends with (``Controller.wait``/``wait_any`` return
+# ``(result, worker)``); Python code reads them as ``fastvec._core.protocol.WaitResult``.
+cdef enum:
+    WAIT_DONE = 0     # every worker waited for answered (wait_any: at least one); worker -1
+    WAIT_TIMEOUT = 1  # the timeout passed; the worker is one still silent
+    WAIT_DIED = 2     # the worker's socket closed: it died
+    WAIT_GARBLED = 3  # the worker sent garbage
+
+# The control block: int64[num_workers + 1, CTL_COLS], in shared memory. Per worker one
+# cache line the parent writes, then one the worker writes; clock readings are
+# CLOCK_MONOTONIC (the same in every process), so each side times the other without its
+# own wake-up in the measurement.
+cdef enum:
+    # the parent's line
+    C_CMD_SEQ = 0   # bumped once per command: the doorbell
+    C_CMD = 1
+    C_SLOT = 2
+    C_ARG = 3
+    C_WAITED = 4    # the parent waits for this worker's reply
+    C_ISSUED_NS = 5  # when the command was issued
+    C_LOST = 7      # the worker's waits that found a command without its doorbell (rare)
+    # the worker's line
+    C_DONE_SEQ = 8  # == C_CMD_SEQ once the worker answered
+    C_REPLY = 9
+    C_REPLY_SLOT = 10
+    C_REPLY_ARG = 11
+    C_SLEEPING = 12  # the worker sleeps on its socket: ring with a WAKE header
+    C_PUBLISHED_NS = 13  # when the reply was published
+    C_NAPS = 14     # the worker's waits that napped (diagnostics: Engine.wait_counts) ...
+    C_SLEEPS = 15   # ... and that slept until the parent's doorbell
+    # the last row: the parent's own
+    M_SLEEPING = 0  # the parent sleeps: the last worker it waits for rings
+    M_ANY = 1       # ... or, in a wait for any of them, the first

@@ -13,12 +13,12 @@ import pickle
 cimport numpy as cnp
 from libc.string cimport memcpy
 
-from fastvec._core.channel cimport WorkerChannel
+from fastvec._core.worker_channel cimport WorkerChannel
 from fastvec._core.protocol cimport (
     AUTORESET_NEXT_STEP, AUTORESET_SAME_STEP, HAS_PAYLOAD, IN_TABLE, INFO_COLS, NO_PAYLOAD, REPLY_DONE,
 )
 
-from fastvec._core.channel import send_header
+from fastvec._core.framing import send_header
 
 import numpy as np
 

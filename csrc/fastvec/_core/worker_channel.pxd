@@ -1,10 +1,6 @@
 # The worker's side of the doorbells, for the step loop (stepper.pyx).
+from fastvec._core.forecast cimport Forecast
 
-cdef struct Forecast:
-    long long expect    # expected wait, ns (0: nothing learned yet)
-    long long dev       # its usual error (mean absolute deviation), ns
-    long long late      # how late a nap returns, ns
-    int outliers        # consecutive outliers seen
 
 cdef class WorkerChannel:
     cdef long long *ctl
@@ -22,6 +18,8 @@ cdef class WorkerChannel:
 
     cdef int _take_header(self) except -1
     cdef int _nap(self, long long until) except -1
+    cdef long long _spin_end(self) except -1
+    cdef int _sleep(self) except -1
 
     cdef int _wait(self) except -1
     cdef int _step_slot(self) noexcept
