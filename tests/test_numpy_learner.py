@@ -4,6 +4,7 @@ The reference is the PPO loss written out with ``torch.distributions`` on a floa
 of the policy, differentiated by autograd; the numpy learner works in float32, so the
 two agree up to float32 rounding. Then a whole ``PPO.update`` with ``learner="numpy"``
 against ``learner="torch"`` from the same state and rollout."""
+
 from __future__ import annotations
 
 import copy
@@ -44,13 +45,16 @@ def reference_loss(pol, x, a, olp, adv, ret, ov, clip, ent_coef, vf_coef, clip_v
     return loss, dict(kl=kl, cf=cf, pg=pg, v=0.5 * v_loss, ent=ent.mean())
 
 
-@pytest.mark.parametrize("act_space, activation, ent_coef, clip_vf, hidden", [
-    (spaces.Box(-1, 1, (3,), np.float32), "tanh", 0.0, None, (16, 12)),
-    (spaces.Box(-1, 1, (2,), np.float32), "relu", 0.01, 0.2, (16, 12)),
-    (spaces.Discrete(4), "tanh", 0.01, None, (16, 12)),
-    (spaces.Discrete(3), "relu", 0.0, 0.1, (16, 12)),
-    (spaces.Discrete(3), "tanh", 0.01, None, ()),  # a linear policy
-])
+@pytest.mark.parametrize(
+    "act_space, activation, ent_coef, clip_vf, hidden",
+    [
+        (spaces.Box(-1, 1, (3,), np.float32), "tanh", 0.0, None, (16, 12)),
+        (spaces.Box(-1, 1, (2,), np.float32), "relu", 0.01, 0.2, (16, 12)),
+        (spaces.Discrete(4), "tanh", 0.01, None, (16, 12)),
+        (spaces.Discrete(3), "relu", 0.0, 0.1, (16, 12)),
+        (spaces.Discrete(3), "tanh", 0.01, None, ()),  # a linear policy
+    ],
+)
 def test_gradient_matches_autograd(act_space, activation, ent_coef, clip_vf, hidden):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -79,8 +83,19 @@ def test_gradient_matches_autograd(act_space, activation, ent_coef, clip_vf, hid
     got = grad.numpy().copy()
 
     t = lambda v: torch.as_tensor(v, dtype=torch.float64)  # noqa: E731
-    loss, want_stats = reference_loss(ref, t(x), torch.as_tensor(a) if a.dtype.kind == "i" else t(a), t(olp), t(adv),
-                                      t(ret), t(ov), clip, ent_coef, 0.7, clip_vf)
+    loss, want_stats = reference_loss(
+        ref,
+        t(x),
+        torch.as_tensor(a) if a.dtype.kind == "i" else t(a),
+        t(olp),
+        t(adv),
+        t(ret),
+        t(ov),
+        clip,
+        ent_coef,
+        0.7,
+        clip_vf,
+    )
     loss.backward()
     want = torch.cat([p.grad.reshape(-1) for p in ref.parameters()]).numpy()
     assert got.shape == want.shape
@@ -126,6 +141,7 @@ class _Rollout:
         rng = np.random.default_rng(seed)
         self.single_observation_space, self.single_action_space = obs_space, act_space
         self.num_envs, self.num_workers = N, 0
+        self.groups = [(0, N)]  # lock-step (fastvec.train.storage.RolloutStorage)
         self.obs = (rng.standard_normal((T + 1, N, *obs_space.shape)) * 2 + 1).astype(obs_space.dtype)
         self.final_obs = np.zeros_like(self.obs)
         act_dtype = np.float32 if isinstance(act_space, spaces.Box) else np.int64
@@ -139,10 +155,13 @@ class _Rollout:
         pass
 
 
-@pytest.mark.parametrize("act_space, extra", [
-    (spaces.Box(-1, 1, (3,), np.float32), dict(normalize_obs=True, clip_vf=0.2)),
-    (spaces.Discrete(3), dict(ent_coef=0.01, target_kl=0.02)),
-])
+@pytest.mark.parametrize(
+    "act_space, extra",
+    [
+        (spaces.Box(-1, 1, (3,), np.float32), dict(normalize_obs=True, clip_vf=0.2)),
+        (spaces.Discrete(3), dict(ent_coef=0.01, target_kl=0.02)),
+    ],
+)
 def test_whole_update_matches_the_torch_learner(act_space, extra):
     """The same rollout and state, one update each way: the same parameters (up to the
     rounding the 80 Adam steps carry), the same statistics, the same early stop."""
@@ -150,8 +169,16 @@ def test_whole_update_matches_the_torch_learner(act_space, extra):
     for learner in ("torch", "numpy"):
         torch.manual_seed(3)
         np.random.seed(3)
-        cfg = PPOConfig(num_envs=4, n_steps=32, n_epochs=4, minibatch_size=32, device="cpu", learner=learner,
-                        total_steps=10_000, **extra).validate()
+        cfg = PPOConfig(
+            num_envs=4,
+            n_steps=32,
+            n_epochs=4,
+            minibatch_size=32,
+            device="cpu",
+            learner=learner,
+            total_steps=10_000,
+            **extra,
+        ).validate()
         ppo = PPO(cfg, _Rollout(OBS, act_space, 32, 4), torch.device("cpu"))
         assert (ppo.np_learner is not None) == (learner == "numpy")
         ppo.collect()

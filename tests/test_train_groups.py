@@ -5,6 +5,7 @@ References: the same trainer in lock-step (same seeds: the same rollouts, up to 
 rounding of smaller batches) and a replay of each env's actions on a single env
 (observations, rewards, flags, final observations, step by step).
 """
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -31,8 +32,10 @@ def _rollouts(env_fn, groups, *, num_envs=8, workers=2, T=24, rollouts=3, seed=5
     """``rollouts`` rollouts of an untrained policy: copies of the storage's arrays."""
     cfg = PPOConfig(num_envs=num_envs, n_steps=T, device="cpu", seed=seed, env_groups=groups)
     torch.manual_seed(seed)
-    storage = EngineStorage(Engine([env_fn] * num_envs, num_workers=workers, num_slots=T + 1,
-                                   autoreset_mode="same_step", context="fork"), groups=groups)
+    storage = EngineStorage(
+        Engine([env_fn] * num_envs, num_workers=workers, num_slots=T + 1, autoreset_mode="same_step", context="fork"),
+        groups=groups,
+    )
     try:
         ppo = PPO(cfg, storage, torch.device("cpu"))
         with torch.no_grad():  # logits well above the sampling noise: actions depend on what the policy sees
@@ -42,10 +45,18 @@ def _rollouts(env_fn, groups, *, num_envs=8, workers=2, T=24, rollouts=3, seed=5
         for _ in range(rollouts):
             ppo.collect()
             ended = storage.terminated | storage.truncated
-            out.append({"obs": storage.obs.copy(), "act": storage.act.copy(), "rewards": storage.rewards.copy(),
-                        "terminated": storage.terminated.copy(), "truncated": storage.truncated.copy(),
-                        "final_obs": np.where(ended.reshape(ended.shape + (1,) * (storage.obs.ndim - 2)),
-                                              storage.final_obs, 0)})
+            out.append(
+                {
+                    "obs": storage.obs.copy(),
+                    "act": storage.act.copy(),
+                    "rewards": storage.rewards.copy(),
+                    "terminated": storage.terminated.copy(),
+                    "truncated": storage.truncated.copy(),
+                    "final_obs": np.where(
+                        ended.reshape(ended.shape + (1,) * (storage.obs.ndim - 2)), storage.final_obs, 0
+                    ),
+                }
+            )
             ppo.rollout.obs[0].copy_(ppo.rollout.obs[T])
         return out
     finally:
@@ -134,8 +145,7 @@ def test_groups_survive_a_restart():
     step in flight is unharmed, the run completes and counts the restart."""
     gym.register("FastvecTestGroupsFlaky-v0", entry_point=_DiesSometimes)
     try:
-        cfg = PPOConfig(num_envs=4, num_workers=2, n_steps=64, total_steps=2048, device="cpu", env_groups=2,
-                        seed=0)
+        cfg = PPOConfig(num_envs=4, num_workers=2, n_steps=64, total_steps=2048, device="cpu", env_groups=2, seed=0)
         with pytest.warns(RuntimeWarning, match="restarted"):
             res = train("FastvecTestGroupsFlaky-v0", cfg, progress=False, save=False, tensorboard=False)
     finally:
@@ -154,12 +164,15 @@ def test_bad_env_groups():
         build_storage("CartPole-v1", PPOConfig(num_envs=6, num_workers=3, env_groups=2).validate())
     with pytest.raises(ConfigError, match="env_groups=2 needs the engine backend: Ray"):
         build_storage("CartPole-v1", PPOConfig(env_groups=2).validate(), backend="ray")
-    venv = gym.vector.SyncVectorEnv([env_factory("CartPole-v1")] * 2,
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    venv = gym.vector.SyncVectorEnv([env_factory("CartPole-v1")] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     try:
         with pytest.raises(ConfigError, match="a vector env of your own"):
-            train(None, PPOConfig(num_envs=2, n_steps=4, total_steps=8, device="cpu", env_groups=2), venv=venv,
-                  progress=False)
+            train(
+                None,
+                PPOConfig(num_envs=2, n_steps=4, total_steps=8, device="cpu", env_groups=2),
+                venv=venv,
+                progress=False,
+            )
     finally:
         venv.close()
     eng = Engine([_cartpole] * 4, num_workers=1, num_slots=3, autoreset_mode="same_step", context="fork")
@@ -178,8 +191,9 @@ def test_busy_fraction_on_cpu_is_the_trainers_compute_share(tmp_path):
     cfg = apply_overrides(PPOConfig(), preset_for("CartPole-v1"))
     # Long enough (~2 s) that closing the engine, which the result's wall time counts and the
     # busy fraction's intervals do not, stays within the last bound's slack.
-    apply_overrides(cfg, ["total_steps=24000", "seed=0", "device=cpu", "log_every_s=0.05", "env_groups=2",
-                          "num_workers=2"])
+    apply_overrides(
+        cfg, ["total_steps=24000", "seed=0", "device=cpu", "log_every_s=0.05", "env_groups=2", "num_workers=2"]
+    )
     res = train("CartPole-v1", cfg, run_dir=str(tmp_path / "run"), progress=False, tensorboard=False)
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     timed = [r for r in rows if "device/busy_fraction" in r]
@@ -190,8 +204,10 @@ def test_busy_fraction_on_cpu_is_the_trainers_compute_share(tmp_path):
         assert row["device/busy_fraction"] == pytest.approx(min(1.0, compute / wall), rel=0.05, abs=0.02)
     assert 0.0 < res["device_busy_fraction"] <= 1.0
     t = res["time_breakdown"]
-    assert res["device_busy_fraction"] <= (t["act"] + t["prepare"] + t["learn"]) / (res["wall_seconds"]
-                                                                                   - res["startup_seconds"]) + 0.02
+    assert (
+        res["device_busy_fraction"]
+        <= (t["act"] + t["prepare"] + t["learn"]) / (res["wall_seconds"] - res["startup_seconds"]) + 0.02
+    )
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

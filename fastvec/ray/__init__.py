@@ -38,14 +38,13 @@ which envs they run), ``actor`` (the actor class), ``calls`` (actor calls and th
 errors), ``transport`` (a step's dispatch and collection), ``engine`` (``RayEngine``)
 and ``doors`` (the two front doors).
 """
+
 from __future__ import annotations
 
 try:
     import ray  # noqa: F401  (the real Ray: a clear message when it is missing)
 except ImportError as _exc:  # pragma: no cover - exercised without Ray
-    raise ImportError(
-        "fastvec.ray needs Ray: install it with `pip install \"fastvec[ray]\"`"
-    ) from _exc
+    raise ImportError('fastvec.ray needs Ray: install it with `pip install "fastvec[ray]"`') from _exc
 
 from .doors import AsyncVectorEnv, SubprocVecEnv
 from .engine import RayEngine

@@ -5,6 +5,7 @@ Replies are tuples starting with "ok", or ``("error", report)`` where ``report``
 also serve steps over a doorbell socket (``open_fast_path``), reading actions from and
 writing results into the driver's ring directly.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,7 +62,6 @@ def report(exc: BaseException, fatal: bool | None = None) -> dict:
     }
 
 
-
 class FastvecActor:
     """One Ray actor: a node-local ``Engine`` over envs ``[start, stop)`` of the vector
     env. Replies are tuples starting with "ok" or ("error", report)."""
@@ -92,23 +92,32 @@ class FastvecActor:
         if self._error is not None:
             return ("error", self._error)
         eng = self._engine
-        return ("ok", {
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "pid": os.getpid(),
-            "worker_pids": eng.worker_pids,
-            "num_workers": eng.num_workers,
-            "shm_name": getattr(eng, "shm_name", None),
-            "observation_space": eng.single_observation_space,
-            "action_space": eng.single_action_space,
-            "metadata": eng.env_metadata,
-            "render_mode": eng.render_mode,
-            "spec": getattr(eng, "spec", None),
-        })
+        return (
+            "ok",
+            {
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "pid": os.getpid(),
+                "worker_pids": eng.worker_pids,
+                "num_workers": eng.num_workers,
+                "shm_name": getattr(eng, "shm_name", None),
+                "observation_space": eng.single_observation_space,
+                "action_space": eng.single_action_space,
+                "metadata": eng.env_metadata,
+                "render_mode": eng.render_mode,
+                "spec": getattr(eng, "spec", None),
+            },
+        )
 
     def processes(self):
         eng = self._engine
-        return ("ok", {"pid": os.getpid(), "worker_pids": eng.worker_pids if eng is not None else [],
-                       "node_id": ray.get_runtime_context().get_node_id()})
+        return (
+            "ok",
+            {
+                "pid": os.getpid(),
+                "worker_pids": eng.worker_pids if eng is not None else [],
+                "node_id": ray.get_runtime_context().get_node_id(),
+            },
+        )
 
     # ------------------------------------------------------------ stepping
     def _step(self, act_leaves):
@@ -139,8 +148,18 @@ class FastvecActor:
         ended = np.flatnonzero(term | trunc)
         finals = [b[s][ended] for b in eng.final_bufs] if len(ended) else []
         if chunks is None:
-            return ("ok", [b[s] for b in eng.obs_bufs], ended, finals, eng.rewards[s], term, trunc,
-                    columns, records, new)
+            return (
+                "ok",
+                [b[s] for b in eng.obs_bufs],
+                ended,
+                finals,
+                eng.rewards[s],
+                term,
+                trunc,
+                columns,
+                records,
+                new,
+            )
         parts = tuple([b[s][lo:hi] for b in eng.obs_bufs] for lo, hi in chunks)
         return parts + (("ok", None, ended, finals, eng.rewards[s], term, trunc, columns, records, new),)
 
@@ -186,8 +205,9 @@ class FastvecActor:
         listener.bind(path)
         listener.listen(1)
         listener.settimeout(120.0)
-        threading.Thread(target=self._serve_fast_path, args=(listener, folder, path),
-                         name="fastvec-doorbell", daemon=True).start()
+        threading.Thread(
+            target=self._serve_fast_path, args=(listener, folder, path), name="fastvec-doorbell", daemon=True
+        ).start()
         return path
 
     def _serve_fast_path(self, listener, folder, path):
@@ -306,8 +326,9 @@ def janitor(state: dict, node_id: str, names) -> None:
     if _JANITOR is None:
         _JANITOR = ray.remote(num_cpus=0, max_retries=0)(_unlink_segments)
     try:
-        ref = _JANITOR.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)).remote(names)
+        ref = _JANITOR.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)).remote(
+            names
+        )
     except Exception:
         return
     state.setdefault("janitors", []).append(ref)

@@ -1,4 +1,5 @@
 """Calls to the actors, and the driver-side errors of the failures they report."""
+
 from __future__ import annotations
 
 import time
@@ -36,11 +37,16 @@ class ActorCalls:
         else:
             head = f"{self._actor_desc(k)} failed while {doing}"
         message = f"{head}; the actor's engine reported (env indices inside the actor count from 0): {rep['message']}"
-        return worker_error(message, cause_class=load_cause_class(rep.get("exc_class")) if env_index is not None
-                            else None, worker=k, env_indices=range(a, b),
-                            env_index=None if env_index is None else a + env_index,
-                            exc_type=rep["exc_type"], exc_message=rep["exc_message"],
-                            worker_traceback=rep["worker_traceback"])
+        return worker_error(
+            message,
+            cause_class=load_cause_class(rep.get("exc_class")) if env_index is not None else None,
+            worker=k,
+            env_indices=range(a, b),
+            env_index=None if env_index is None else a + env_index,
+            exc_type=rep["exc_type"],
+            exc_message=rep["exc_message"],
+            worker_traceback=rep["worker_traceback"],
+        )
 
     def _death(self, k: int, exc: BaseException, doing: str) -> WorkerError:
         self._state.setdefault("lost", set()).add(k)  # not worth asking to close
@@ -48,14 +54,20 @@ class ActorCalls:
         text = str(exc).strip().splitlines()
         detail = text[0] if text else type(exc).__name__
         what = "failed" if isinstance(exc, ray.exceptions.RayTaskError) else "died"
-        return WorkerError(f"{self._actor_desc(k)} {what} while {doing}: {type(exc).__name__}: {detail}",
-                           worker=k, env_indices=range(a, b))
+        return WorkerError(
+            f"{self._actor_desc(k)} {what} while {doing}: {type(exc).__name__}: {detail}",
+            worker=k,
+            env_indices=range(a, b),
+        )
 
     def _silent(self, k: int, timeout: float, doing: str) -> WorkerError:
         self._state.setdefault("lost", set()).add(k)
         a, b = self.groups[k]
-        return WorkerError(f"{self._actor_desc(k)} did not answer within {timeout:g} s while {doing}",
-                           worker=k, env_indices=range(a, b))
+        return WorkerError(
+            f"{self._actor_desc(k)} did not answer within {timeout:g} s while {doing}",
+            worker=k,
+            env_indices=range(a, b),
+        )
 
     def _ray_get(self, ref, k: int, timeout, doing: str):
         """One actor call; its "ok" payload, or an exception (fatal ones break the engine)."""
@@ -74,7 +86,7 @@ class ActorCalls:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=left)
                 if not ready:
-                    for ref, k in pending.items():
+                    for k in pending.values():
                         failures[k] = (self._silent(k, timeout, doing), True)
                     pending.clear()
                     break

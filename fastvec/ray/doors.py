@@ -4,6 +4,7 @@ Each is its local door (``fastvec.AsyncVectorEnv``, ``fastvec.SubprocVecEnv``) w
 ``RayEngine`` behind it: the same keywords, plus the fields of ``RayPlacement`` (and
 ``start_timeout``), so a script switches by changing one constructor.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -43,11 +44,16 @@ class _RayDoor:
 def _signature(local_door) -> inspect.Signature:
     """The local door's signature (less ``num_workers``) with the Ray keywords: for
     ``help()`` and editors."""
-    params = [p for name, p in inspect.signature(local_door.__init__).parameters.items()
-              if name != "num_workers" and p.kind is not p.VAR_KEYWORD]
+    params = [
+        p
+        for name, p in inspect.signature(local_door.__init__).parameters.items()
+        if name != "num_workers" and p.kind is not p.VAR_KEYWORD
+    ]
     extra = [inspect.Parameter("start_timeout", inspect.Parameter.KEYWORD_ONLY, default=300.0)]
-    extra += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
-              for f in RayPlacement.__dataclass_fields__.values()]
+    extra += [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+        for f in RayPlacement.__dataclass_fields__.values()
+    ]
     return inspect.Signature(params + extra)
 
 

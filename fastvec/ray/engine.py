@@ -1,4 +1,5 @@
 """``RayEngine``: the engine's interface over Ray actors (see the package docstring)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,14 +60,20 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
 
     _log_prefix = "fastvec.ray"
 
-    def __init__(self, env_fns: Sequence[Callable], options: EngineOptions | None = None,
-                 placement: RayPlacement | None = None, **kwargs):
+    def __init__(
+        self,
+        env_fns: Sequence[Callable],
+        options: EngineOptions | None = None,
+        placement: RayPlacement | None = None,
+        **kwargs,
+    ):
         self._closed = True  # until fully started
         # ---- everything that can be checked before touching Ray
         ray_kwargs = {k: kwargs.pop(k) for k in RayPlacement.field_names() if k in kwargs}
         self._take_options(EngineOptions(**kwargs) if options is None else options.replace(**kwargs))
-        self.ray_placement = placement = RayPlacement(**ray_kwargs) if placement is None else \
-            dataclasses.replace(placement, **ray_kwargs)
+        self.ray_placement = placement = (
+            RayPlacement(**ray_kwargs) if placement is None else dataclasses.replace(placement, **ray_kwargs)
+        )
         env_fns = check_env_fns(env_fns)
         self.num_envs = len(env_fns)
         placement.check_envs(self.num_envs)
@@ -109,10 +116,14 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
     def _spawn(self, k: int, soft: bool = False):
         p = self.placement[k]
         a, _b = p["envs"]
-        actor = actor_class().options(
-            num_cpus=p["num_cpus"],
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=p["node_id"], soft=soft),
-        ).remote(self._blobs[k], a, p["num_workers"], self._actor_options)
+        actor = (
+            actor_class()
+            .options(
+                num_cpus=p["num_cpus"],
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=p["node_id"], soft=soft),
+            )
+            .remote(self._blobs[k], a, p["num_workers"], self._actor_options)
+        )
         return actor
 
     def _start(self) -> None:
@@ -120,8 +131,12 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
         self._actors = actors
         self._state["actors"] = actors
         try:
-            hellos = self._gather({k: a.hello.remote() for k, a in enumerate(actors)},
-                                  self.options.start_timeout, "starting", raise_first=True)
+            hellos = self._gather(
+                {k: a.hello.remote() for k, a in enumerate(actors)},
+                self.options.start_timeout,
+                "starting",
+                raise_first=True,
+            )
         except WorkerError as exc:
             if "did not answer" not in str(exc):
                 raise
@@ -129,7 +144,10 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
             raise WorkerError(
                 f"{exc}: is its node short of the {self.placement[k]['num_cpus']:g} CPUs it asks for? "
                 "(other actors, e.g. another fastvec.ray vector env, may hold them; "
-                "num_cpus_per_actor=0 lifts the reservation)", worker=k, env_indices=exc.env_indices) from None
+                "num_cpus_per_actor=0 lifts the reservation)",
+                worker=k,
+                env_indices=exc.env_indices,
+            ) from None
         infos = [hellos[k] for k in range(self.num_actors)]
         first = infos[0]
         for k, info in enumerate(infos):
@@ -145,8 +163,7 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
         self._action_writer = ActionWriter(self.single_action_space, self.num_envs, self.options.action_check)
 
         # The ring: one segment laid out by the engine's plan, so actors on this node can map it.
-        plan = plan_segment(self.single_observation_space, self.single_action_space, self.num_slots,
-                            self.num_envs)
+        plan = plan_segment(self.single_observation_space, self.single_action_space, self.num_slots, self.num_envs)
         segment = create_segment(plan.size)
         self._state["segment"] = segment
         self.shm_name = segment.name
@@ -175,8 +192,15 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
         if self.restart_on_error:  # otherwise the actor removed the name at start-up
             self._state.setdefault("segments", {})[k] = (info["node_id"], [info.get("shm_name")])
         # every process and segment this engine ever had, for leak checks
-        self.history.append({"actor": k, "node_id": info["node_id"], "pid": info["pid"],
-                             "worker_pids": list(info["worker_pids"]), "shm_name": info.get("shm_name")})
+        self.history.append(
+            {
+                "actor": k,
+                "node_id": info["node_id"],
+                "pid": info["pid"],
+                "worker_pids": list(info["worker_pids"]),
+                "shm_name": info.get("shm_name"),
+            }
+        )
         p["num_workers"] = info["num_workers"]
         p["fast_path"] = False
 
@@ -188,8 +212,10 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
     def process_info(self) -> list[dict]:
         """Per actor, fresh from the actors: node id, actor pid and its engine's worker pids."""
         self._check_usable()
-        return [self._ray_get(a.processes.remote(), k, self.options.start_timeout, "listing its processes")
-                for k, a in enumerate(self._actors)]
+        return [
+            self._ray_get(a.processes.remote(), k, self.options.start_timeout, "listing its processes")
+            for k, a in enumerate(self._actors)
+        ]
 
     def _unit(self, k: int) -> str:
         return self._actor_desc(k)
@@ -216,8 +242,9 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
         self._actors[k] = self._state["actors"][k] = self._spawn(k, soft=not alive)
         self._state.get("lost", set()).discard(k)
         info = self._ray_get(self._actors[k].hello.remote(), k, self.options.start_timeout, "restarting")
-        self._check_spaces(k, info, {"observation_space": self.single_observation_space,
-                                     "action_space": self.single_action_space})
+        self._check_spaces(
+            k, info, {"observation_space": self.single_observation_space, "action_space": self.single_action_space}
+        )
         self._adopt(k, info)
         self._open_fast_path(k)
         return self._reset_actors(slot, {k: {j: {} for j in range(b - a)}}, "resetting restarted envs")
@@ -269,9 +296,12 @@ class RayEngine(StepTransport, ActorCalls, EngineBase):
             idx.append(i - self.groups[k][0])
             vals.append(None if values is None else values[n])
         blobs = pickle_payloads(
-            {k: (kind, name, tuple(args), dict(kwargs or {}), idx, None if values is None else vals)
-             for k, (idx, vals) in targets.items()},
-            "arguments for the actors")
+            {
+                k: (kind, name, tuple(args), dict(kwargs or {}), idx, None if values is None else vals)
+                for k, (idx, vals) in targets.items()
+            },
+            "arguments for the actors",
+        )
         refs = {k: self._actors[k].call.remote(blob) for k, blob in blobs.items()}
         self._pending_cmd = ("call", indices, sorted(targets), refs, f"{kind}({name!r})")
 

@@ -1,4 +1,5 @@
 """Where the actors go and which envs each runs: ``RayPlacement`` and ``plan``."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -79,8 +80,10 @@ class RayPlacement:
         if self.envs_per_actor is not None:
             needed = -(-num_envs // self.envs_per_actor)
             if num_actors is not None and num_actors != needed:
-                raise ValueError(f"num_actors={num_actors} does not match envs_per_actor={self.envs_per_actor} "
-                                 f"for {num_envs} envs (that needs {needed} actors)")
+                raise ValueError(
+                    f"num_actors={num_actors} does not match envs_per_actor={self.envs_per_actor} "
+                    f"for {num_envs} envs (that needs {needed} actors)"
+                )
             num_actors = needed
         return num_actors
 
@@ -122,8 +125,10 @@ def plan(p: RayPlacement, num_envs: int, nodes: list, driver_node: str) -> tuple
         num_actors = min(num_envs, per_node * len(nodes))
     if p.actors_per_node is not None:
         if num_actors > p.actors_per_node * len(nodes):
-            raise ValueError(f"{num_actors} actors at actors_per_node={p.actors_per_node} need "
-                             f"{-(-num_actors // p.actors_per_node)} nodes; the cluster has {len(nodes)}")
+            raise ValueError(
+                f"{num_actors} actors at actors_per_node={p.actors_per_node} need "
+                f"{-(-num_actors // p.actors_per_node)} nodes; the cluster has {len(nodes)}"
+            )
         counts = [min(p.actors_per_node, max(0, num_actors - i * p.actors_per_node)) for i in range(len(nodes))]
     else:
         base, extra = divmod(num_actors, len(nodes))
@@ -135,8 +140,9 @@ def plan(p: RayPlacement, num_envs: int, nodes: list, driver_node: str) -> tuple
         if p.num_cpus_per_actor is not None:
             share = float(p.num_cpus_per_actor)
             if share * count > node_cpus + 1e-9:
-                raise ValueError(f"{count} actors of {share:g} CPUs do not fit on node {node_id[:8]}, "
-                                 f"which has {node_cpus:g} CPUs")
+                raise ValueError(
+                    f"{count} actors of {share:g} CPUs do not fit on node {node_id[:8]}, which has {node_cpus:g} CPUs"
+                )
         else:
             share = node_cpus / count
             share = float(math.floor(share)) if share >= 1 else math.floor(share * 1e4) / 1e4
@@ -149,6 +155,15 @@ def plan(p: RayPlacement, num_envs: int, nodes: list, driver_node: str) -> tuple
     placement = []
     for k, ((a, b), node_id, c) in enumerate(zip(groups, node_of, cpus)):
         workers = p.workers_per_actor if p.workers_per_actor is not None else max(1, int(c))
-        placement.append({"actor": k, "node_id": node_id, "envs": (a, b), "num_cpus": c,
-                          "num_workers": min(workers, b - a), "pid": None, "fast_path": False})
+        placement.append(
+            {
+                "actor": k,
+                "node_id": node_id,
+                "envs": (a, b),
+                "num_cpus": c,
+                "num_workers": min(workers, b - a),
+                "pid": None,
+                "fast_path": False,
+            }
+        )
     return groups, placement

@@ -4,6 +4,7 @@ With no ``ray_address`` and no Ray connection in this process, fastvec starts a 
 Ray instance that listens on 127.0.0.1 only, shared by every fastvec vector env of the
 process and stopped when the last of them closes.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -9,6 +9,7 @@
   private Unix socket (the engine's framing and commands, ``fastvec._core.channel``)
   starts the step and the reply carries only the infos.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -38,8 +39,7 @@ class StepTransport:
 
     def _chunk_plan(self) -> None:
         """Per actor: the row ranges its observations come back in, or None (one piece)."""
-        row_bytes = sum(int(np.prod(leaf.shape, dtype=np.int64)) * leaf.dtype.itemsize
-                        for leaf in self.obs_leaves_info)
+        row_bytes = sum(int(np.prod(leaf.shape, dtype=np.int64)) * leaf.dtype.itemsize for leaf in self.obs_leaves_info)
         self._chunks = []
         for a, b in self.groups:
             n = b - a
@@ -58,13 +58,19 @@ class StepTransport:
         try:
             path = self._ray_get(
                 self._actors[k].open_fast_path.remote(self.shm_name, self._plan_entries, a, b),
-                k, self.options.start_timeout, "opening its shared-memory channel")
+                k,
+                self.options.start_timeout,
+                "opening its shared-memory channel",
+            )
         except WorkerError as exc:
             if exc.exc_type is None:  # the actor itself failed
                 raise
-            warnings.warn(f"fastvec.ray: {self._actor_desc(k)} cannot share this process's memory "
-                          f"({exc.exc_type}: {exc.exc_message}); its steps go through Ray tasks",
-                          RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"fastvec.ray: {self._actor_desc(k)} cannot share this process's memory "
+                f"({exc.exc_type}: {exc.exc_message}); its steps go through Ray tasks",
+                RuntimeWarning,
+                stacklevel=4,
+            )
             return
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -77,8 +83,11 @@ class StepTransport:
                 raise OSError("no answer to the first doorbell")
         except (OSError, channel.PeerClosed) as exc:
             sock.close()
-            raise WorkerError(f"{self._actor_desc(k)} could not open its shared-memory channel: {exc}",
-                              worker=k, env_indices=range(a, b)) from None
+            raise WorkerError(
+                f"{self._actor_desc(k)} could not open its shared-memory channel: {exc}",
+                worker=k,
+                env_indices=range(a, b),
+            ) from None
         self._state["socks"][k] = sock
         self.placement[k]["fast_path"] = True
 
@@ -140,8 +149,9 @@ class StepTransport:
                         results[k] = body
             # Actors elsewhere: results travel back through Ray, written as they arrive.
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            got, failed = self._gather(self._inflight_refs, left, "stepping",
-                                       on_reply=lambda k, reply: self._write_step(k, slot, reply))
+            got, failed = self._gather(
+                self._inflight_refs, left, "stepping", on_reply=lambda k, reply: self._write_step(k, slot, reply)
+            )
         except KeyboardInterrupt:
             self._broken = "interrupted while waiting for the actors"
             raise
@@ -164,7 +174,7 @@ class StepTransport:
             parts = ray.get(self._inflight_parts.pop(k))
             for (lo, hi), part in zip(self._chunks[k], parts):
                 for dst, src in zip(self.obs_bufs, part):
-                    dst[slot, a + lo:a + hi] = src
+                    dst[slot, a + lo : a + hi] = src
         if len(ended):
             rows = ended + a
             for dst, src in zip(self.final_bufs, finals):
@@ -178,10 +188,15 @@ class StepTransport:
         a = self.groups[k][0]
         for rec in new:
             envs = [a + i for i in rec.get("envs", [])]
-            self.restarts.append({"worker": k, "actor": k, "inner_worker": rec.get("worker"), "envs": envs,
-                                  "error": rec.get("error")})
-            warnings.warn(f"fastvec.ray: {self._actor_desc(k)} restarted its worker {rec.get('worker')} "
-                          f"and reset envs {envs[0]}..{envs[-1]}: {rec.get('error')}", RuntimeWarning, stacklevel=4)
+            self.restarts.append(
+                {"worker": k, "actor": k, "inner_worker": rec.get("worker"), "envs": envs, "error": rec.get("error")}
+            )
+            warnings.warn(
+                f"fastvec.ray: {self._actor_desc(k)} restarted its worker {rec.get('worker')} "
+                f"and reset envs {envs[0]}..{envs[-1]}: {rec.get('error')}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def _result(self, slot: int, results: dict) -> StepResult:
         parts, records = [], []

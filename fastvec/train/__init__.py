@@ -1,11 +1,15 @@
 """PPO on fastvec: ``fastvec train`` and ``fastvec eval`` as a package (imports torch).
 
-- ``config``: ``PPOConfig`` (every hyperparameter, a docstring each) and ``--set`` parsing;
-- ``storage``: where rollouts live: ``EngineStorage`` (the engine's shared memory, zero
-  copy), ``GymVectorStorage`` / ``SB3VecStorage`` (copies from another vector env),
-  ``HostPin`` (page-locking for CUDA);
-- ``rollout``: the learner's tensors over a storage;
-- ``ppo``: acting, targets (GAE) and the clipped update;
+- ``config``: ``PPOConfig`` (every hyperparameter, a docstring each; the transport
+  settings in ``TransportConfig``) and ``--set`` parsing;
+- ``storage``: where rollouts live (``RolloutStorage``, the protocol each implements):
+  ``EngineStorage`` (the engine's shared memory, zero copy), ``GymVectorStorage`` /
+  ``SB3VecStorage`` (copies from another vector env), ``HostPin`` (page-locking for CUDA);
+- ``rollout``: the learner's tensors over a storage (views on the CPU, separate device
+  buffers filled by copies on a GPU; ``host_memory``: page-locked host memory);
+- ``acting``: a policy's per-step forward (``ActingPath``: functional, or numpy on the CPU);
+- ``ppo``: acting, targets (GAE) and the clipped update; ``statistics``: episode
+  tracking and reward scaling, kept across rollouts;
 - ``loop``: ``train(cfg, storage, monitor)``, which builds no envs;
 - ``checkpoints``, ``evaluate``: checkpoints and ``fastvec eval``;
 - ``policies``, ``presets``, ``monitor``: the networks, per-env hyperparameters and env
@@ -29,15 +33,29 @@ CartPole 1 worker fork 0.02 s vs forkserver 1.0 s and spawn 1.05 s). Workers nev
 torch, so forking a parent whose torch thread pools exist is safe. Use
 ``--set context=spawn`` where fork is unavailable or not wanted.
 """
+
 from .checkpoints import load_checkpoint, policy_from_checkpoint, save_checkpoint
-from .config import ConfigError, PPOConfig, apply_overrides
+from .config import ConfigError, PPOConfig, TransportConfig, apply_overrides
 from .evaluate import evaluate
 from .loop import train
 from .ppo import PPO
-from .storage import EngineStorage, GymVectorStorage, HostPin, SB3VecStorage, storage_for
+from .storage import EngineStorage, GymVectorStorage, HostPin, RolloutStorage, SB3VecStorage, storage_for
 
 __all__ = [
-    "PPOConfig", "ConfigError", "apply_overrides", "train", "PPO", "EngineStorage", "GymVectorStorage",
-    "SB3VecStorage", "storage_for", "HostPin", "save_checkpoint", "load_checkpoint", "policy_from_checkpoint",
+    "PPOConfig",
+    "TransportConfig",
+    "ConfigError",
+    "apply_overrides",
+    "train",
+    "PPO",
+    "RolloutStorage",
+    "EngineStorage",
+    "GymVectorStorage",
+    "SB3VecStorage",
+    "storage_for",
+    "HostPin",
+    "save_checkpoint",
+    "load_checkpoint",
+    "policy_from_checkpoint",
     "evaluate",
 ]

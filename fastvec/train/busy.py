@@ -6,12 +6,15 @@ call that the device computed:
 - CPU: the trainer's own compute (acting, targets, learning), which the caller passes
   in; the rest of the time it waits for the envs.
 - CUDA: the spans between CUDA events recorded around each acting call, the targets
-  and the update (``span()``): time the device had work queued, measured on the device
-  (events add a few microseconds per acting call, CUDA only). Where ``nvidia-ml-py`` is
+  and the update (``begin()``/``end()``): time the device had work queued, measured on
+  the device (events add a few microseconds per acting call, CUDA only). The events come
+  from ``cuda`` (``torch.cuda`` on a CUDA device): the tests pass a fake one to run
+  this branch on the CPU. Where ``nvidia-ml-py`` is
   installed, ``nvml()`` also gives NVML's utilisation (the share of time any kernel ran,
   what ``nvidia-smi`` shows), sampled by a thread every 50 ms, averaged over the same
   interval.
 """
+
 from __future__ import annotations
 
 import threading
@@ -23,13 +26,20 @@ __all__ = ["DeviceBusy"]
 
 
 class DeviceBusy:
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    """The busy fraction of ``device``'s computing (see the module docstring); ``cuda``:
+    the module its events and ``synchronize()`` come from (``torch.cuda`` on a CUDA
+    device, none on the CPU: there the caller's compute seconds count)."""
+
+    def __init__(self, device: torch.device, cuda=None):
+        if cuda is None and device.type == "cuda":
+            cuda = torch.cuda
+        self._cuda = cuda
+        self.cuda = cuda is not None  # timed by events on the device
         self._spans: list = []  # (start, end) CUDA events not yet summed
         self._last = time.perf_counter()
         self.total_busy_s = 0.0
         self.total_wall_s = 0.0
-        self._nvml = _NvmlSampler(device) if self.cuda else None
+        self._nvml = _NvmlSampler(device) if device.type == "cuda" else None
 
     def start(self) -> None:
         """Count from now (the run's start, after set-up)."""
@@ -39,18 +49,24 @@ class DeviceBusy:
 
     def begin(self):
         """Mark the start of device work (CUDA only; a no-op token on CPU)."""
-        if not self.cuda:
+        if self._cuda is None:
             return None
-        ev = torch.cuda.Event(enable_timing=True)
+        ev = self._cuda.Event(enable_timing=True)
         ev.record()
         return ev
 
     def end(self, start) -> None:
         if start is None:
             return
-        ev = torch.cuda.Event(enable_timing=True)
+        ev = self._cuda.Event(enable_timing=True)
         ev.record()
         self._spans.append((start, ev))
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on the device (CUDA only), so that a wall-clock
+        interval counts it."""
+        if self._cuda is not None:
+            self._cuda.synchronize()
 
     def take(self, cpu_busy_s: float, now: float | None = None) -> float:
         """Busy fraction since the last ``take``; ``cpu_busy_s``: the trainer's compute

@@ -12,6 +12,7 @@ env steps, the last ``keep_checkpoints`` kept). Every write is atomic: a tempora
 in the same directory, flushed to disk, then renamed over the old name, so a process
 killed at any moment leaves the previous checkpoint whole.
 """
+
 from __future__ import annotations
 
 import glob
@@ -24,8 +25,15 @@ import torch
 
 from .policies import ActorCritic, describe_policy, make_policy
 
-__all__ = ["CHECKPOINT_FORMAT", "save_checkpoint", "load_checkpoint", "policy_from_checkpoint", "check_spaces",
-           "PeriodicCheckpoints", "resume_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "save_checkpoint",
+    "load_checkpoint",
+    "policy_from_checkpoint",
+    "check_spaces",
+    "PeriodicCheckpoints",
+    "resume_checkpoint",
+]
 
 CHECKPOINT_FORMAT = "fastvec-ppo-2"
 READABLE_FORMATS = ("fastvec-ppo-1", CHECKPOINT_FORMAT)  # 1: weights only (no train_state)
@@ -66,8 +74,9 @@ def atomic_torch_save(obj, path: str) -> str:
     return path
 
 
-def save_checkpoint(path: str, ppo, env_id: str | None, env_kwargs: dict | None, extra=None,
-                    train_state: dict | None = None) -> str:
+def save_checkpoint(
+    path: str, ppo, env_id: str | None, env_kwargs: dict | None, extra=None, train_state: dict | None = None
+) -> str:
     """Write ``ppo``'s weights (and ``train_state``, for a resume) to ``path``, atomically."""
     from .. import __version__
 
@@ -103,13 +112,16 @@ def load_checkpoint(path: str) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:
-        raise ValueError(f"{path} is not a readable checkpoint: {type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise ValueError(
+            f"{path} is not a readable checkpoint: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
     fmt = ckpt.get("format") if isinstance(ckpt, dict) else None
     if isinstance(fmt, str) and fmt.startswith("fastvec-ppo-") and fmt not in READABLE_FORMATS:
-        raise ValueError(f"{path} was written by an incompatible fastvec version "
-                         f"({ckpt.get('fastvec_version', '?')}, format {fmt}; this version reads "
-                         f"{', '.join(READABLE_FORMATS)})")
+        raise ValueError(
+            f"{path} was written by an incompatible fastvec version "
+            f"({ckpt.get('fastvec_version', '?')}, format {fmt}; this version reads "
+            f"{', '.join(READABLE_FORMATS)})"
+        )
     if fmt not in READABLE_FORMATS:
         raise ValueError(f"{path} is not a fastvec PPO checkpoint")
     return ckpt
@@ -117,9 +129,15 @@ def load_checkpoint(path: str) -> dict:
 
 def policy_from_checkpoint(ckpt: dict) -> ActorCritic:
     c = ckpt["config"]
-    pol = make_policy(ckpt["observation_space"], ckpt["action_space"], hidden=tuple(c["hidden"]),
-                      activation=c["activation"], ortho_init=False, log_std_init=c["log_std_init"],
-                      normalize_obs=c["normalize_obs"])
+    pol = make_policy(
+        ckpt["observation_space"],
+        ckpt["action_space"],
+        hidden=tuple(c["hidden"]),
+        activation=c["activation"],
+        ortho_init=False,
+        log_std_init=c["log_std_init"],
+        normalize_obs=c["normalize_obs"],
+    )
     pol.load_state_dict(ckpt["state_dict"])
     pol.eval()
     return pol
@@ -153,7 +171,7 @@ class PeriodicCheckpoints:
         path = os.path.join(self.folder, f"step-{ppo.env_steps:012d}.pt")
         save_checkpoint(path, ppo, env_id, env_kwargs, train_state=train_state)
         self.start(ppo.env_steps)
-        for old in _periodic(self.folder)[:-self.keep]:
+        for old in _periodic(self.folder)[: -self.keep]:
             try:
                 os.unlink(old)
             except OSError:
@@ -210,6 +228,8 @@ def resume_checkpoint(run_dir: str) -> tuple[str, dict]:
     if first_error is not None:
         raise first_error
     if weights_only is not None:
-        raise ValueError(f"--resume: {weights_only} was written by an incompatible fastvec version "
-                         "(weights only, no training state); start a new run with --init-from it")
+        raise ValueError(
+            f"--resume: {weights_only} was written by an incompatible fastvec version "
+            "(weights only, no training state); start a new run with --init-from it"
+        )
     raise ValueError(f"--resume: no readable checkpoint in {run_dir}")

@@ -21,6 +21,7 @@ SIGINT / SIGTERM stop ``fastvec train`` at the next safe point with a final chec
 and the JSON line (``"interrupted": true``), exit 130 / 143; a second one exits at once.
 ``FASTVEC_DEBUG=1`` shows the traceback instead of the one-line error.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,54 +32,91 @@ import sys
 import threading
 import time
 
+from .._cli_util import OneLineParser as _Parser
+
 __all__ = ["main", "build_config", "build_storage", "run_training", "time_to_solve"]
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but errors are one line (no usage dump) and exit 2."""
-
-    def error(self, message):  # noqa: D401
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def _train_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fastvec train", description="Train PPO on a gymnasium env with fastvec.",
-                formatter_class=argparse.RawDescriptionHelpFormatter,
-                epilog="Hyperparameters: any field of fastvec.train.PPOConfig via --set key=value, "
-                       "e.g. --set lr=1e-3 --set n_steps=64 --set hidden=64,64. "
-                       "Run with --list-keys to see them with the env's preset values.")
-    p.add_argument("env_id", nargs="?", default=None,
-                   help="gymnasium env id, e.g. CartPole-v1, ALE/Pong-v5 (with --resume: the run's)")
+    from .config import TRANSPORT_KEYS
+
+    p = _Parser(
+        prog="fastvec train",
+        description="Train PPO on a gymnasium env with fastvec.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Hyperparameters: any field of fastvec.train.PPOConfig via --set key=value, "
+        "e.g. --set lr=1e-3 --set n_steps=64 --set hidden=64,64. "
+        "Transport settings (fastvec.train.TransportConfig: how the engine's workers and "
+        f"the trainer talk) the same way: {', '.join(TRANSPORT_KEYS)}, e.g. --set context=spawn. "
+        "Run with --list-keys to see them with the env's preset values.",
+    )
+    p.add_argument(
+        "env_id",
+        nargs="?",
+        default=None,
+        help="gymnasium env id, e.g. CartPole-v1, ALE/Pong-v5 (with --resume: the run's)",
+    )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--num-envs", type=int, default=None)
     p.add_argument("--num-workers", type=int, default=None)
     p.add_argument("--total-steps", type=float, default=None, help="env steps (1e6 accepted)")
-    p.add_argument("--stop-at-return", type=float, default=None,
-                   help="stop once the mean return of the last 20 episodes reaches this")
+    p.add_argument(
+        "--stop-at-return",
+        type=float,
+        default=None,
+        help="stop once the mean return of the last 20 episodes reaches this",
+    )
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
     p.add_argument("--logdir", default=None, help="run directory (default: runs/ENV-seedN-TIME)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a hyperparameter (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a hyperparameter (repeatable)",
+    )
     p.add_argument("--zoo", action="store_true", help="use RL Zoo's hyperparameters where known (CartPole)")
-    p.add_argument("--init-from", default=None, metavar="CHECKPOINT",
-                   help="start from the weights of a checkpoint of the same env")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its newest checkpoint (same config; "
-                        "--total-steps, --stop-at-return, --device and other safe keys may change)")
-    p.add_argument("--checkpoint-every", type=float, default=None, metavar="N",
-                   help="env steps between checkpoints in the run directory (1e5 accepted; "
-                        "0: only at the end; default 100000)")
+    p.add_argument(
+        "--init-from", default=None, metavar="CHECKPOINT", help="start from the weights of a checkpoint of the same env"
+    )
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its newest checkpoint (same config; "
+        "--total-steps, --stop-at-return, --device and other safe keys may change)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=float,
+        default=None,
+        metavar="N",
+        help="env steps between checkpoints in the run directory (1e5 accepted; 0: only at the end; default 100000)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard event files")
     p.add_argument("--list-keys", action="store_true", help="print the config for ENV_ID and exit")
-    p.add_argument("--backend", choices=["engine", "ray"], default="engine",
-                   help="engine: envs on this machine (default); ray: envs in Ray actors over a "
-                        "cluster (pip install \"fastvec[ray]\"), --num-workers then counts per actor")
-    p.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="with --backend ray: the cluster to join (default: start a local Ray "
-                        "instance on 127.0.0.1)")
-    p.add_argument("--actors", type=int, default=None, metavar="N",
-                   help="with --backend ray: Ray actors hosting the envs (default: one per node)")
+    p.add_argument(
+        "--backend",
+        choices=["engine", "ray"],
+        default="engine",
+        help="engine: envs on this machine (default); ray: envs in Ray actors over a "
+        'cluster (pip install "fastvec[ray]"), --num-workers then counts per actor',
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="with --backend ray: the cluster to join (default: start a local Ray instance on 127.0.0.1)",
+    )
+    p.add_argument(
+        "--actors",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --backend ray: Ray actors hosting the envs (default: one per node)",
+    )
     return p
 
 
@@ -106,9 +144,15 @@ def build_config(env_id: str, args):
         if args.num_workers is None and not any(o.startswith("num_workers") for o in args.overrides):
             cfg.num_workers = None
     g, w = cfg.env_groups, cfg.num_workers
-    if g > 1 and not any(o.startswith("env_groups") for o in args.overrides) and (
-            cfg.num_envs % g or getattr(args, "backend", "engine") != "engine"
-            or (w is not None and (w % g or (cfg.num_envs // g) % (w // g)))):
+    if (
+        g > 1
+        and not any(o.startswith("env_groups") for o in args.overrides)
+        and (
+            cfg.num_envs % g
+            or getattr(args, "backend", "engine") != "engine"
+            or (w is not None and (w % g or (cfg.num_envs // g) % (w // g)))
+        )
+    ):
         cfg.env_groups = 1  # nor may a preset's batch groups block --num-envs, --num-workers or Ray
     return cfg.validate()
 
@@ -118,8 +162,11 @@ def _apply_flags(cfg, args) -> None:
     from .config import ConfigError, apply_overrides
 
     flags = {
-        "seed": args.seed, "num_envs": args.num_envs, "num_workers": args.num_workers,
-        "stop_at_return": args.stop_at_return, "device": args.device,
+        "seed": args.seed,
+        "num_envs": args.num_envs,
+        "num_workers": args.num_workers,
+        "stop_at_return": args.stop_at_return,
+        "device": args.device,
     }
     for name, value in (("total_steps", args.total_steps), ("checkpoint_every", args.checkpoint_every)):
         if value is None:
@@ -162,8 +209,12 @@ class _StopOnSignal:
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
-        print(f"fastvec train: {signal.Signals(signum).name}: stopping at the next safe point with a "
-              "checkpoint (again: stop now)", file=sys.stderr, flush=True)
+        print(
+            f"fastvec train: {signal.Signals(signum).name}: stopping at the next safe point with a "
+            "checkpoint (again: stop now)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -222,20 +273,28 @@ def _train(argv) -> int:
         try:
             init = load_checkpoint(args.init_from)
             if init.get("env_id") not in (None, args.env_id):
-                raise ValueError(f"checkpoint {args.init_from} was trained on {init['env_id']}, "
-                                 f"not {args.env_id}")
+                raise ValueError(f"checkpoint {args.init_from} was trained on {init['env_id']}, not {args.env_id}")
         except ValueError as exc:
             return _fail("train", exc, 2)
     stop = _StopOnSignal()
     try:
         with stop:
-            result = run_training(args.env_id, cfg, run_dir=run_dir, progress=not args.no_progress,
-                                  tensorboard=not args.no_tensorboard, init_from=init, backend=args.backend,
-                                  ray_address=args.ray_address, ray_actors=args.actors, resume=resume,
-                                  stop=stop)
+            result = run_training(
+                args.env_id,
+                cfg,
+                run_dir=run_dir,
+                progress=not args.no_progress,
+                tensorboard=not args.no_tensorboard,
+                init_from=init,
+                backend=args.backend,
+                ray_address=args.ray_address,
+                ray_actors=args.actors,
+                resume=resume,
+                stop=stop,
+            )
     except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
         return _fail("train", exc, 1)
-    except (ConfigError,) as exc:
+    except ConfigError as exc:
         return _fail("train", exc, 2)
     except KeyboardInterrupt:
         print("fastvec train: interrupted", file=sys.stderr)
@@ -259,15 +318,26 @@ def _resume_target(args) -> tuple[str, dict]:
     found = resume_checkpoint(args.resume)
     run_env = found[1].get("env_id")
     if run_env is None:
-        raise ValueError(f"{found[0]} was trained on a vector env given in Python; resume it with "
-                         "fastvec.train.cli.run_training(venv=..., resume=...)")
+        raise ValueError(
+            f"{found[0]} was trained on a vector env given in Python; resume it with "
+            "fastvec.train.cli.run_training(venv=..., resume=...)"
+        )
     if args.env_id is not None and args.env_id != run_env:
         raise ValueError(f"{args.resume} is a run of {run_env}, not {args.env_id}")
     return found
 
 
-def build_storage(env_id, cfg, *, venv=None, env_kwargs=None, backend: str = "engine",
-                  ray_address: str | None = None, ray_actors: int | None = None, pin: bool = False):
+def build_storage(
+    env_id,
+    cfg,
+    *,
+    venv=None,
+    env_kwargs=None,
+    backend: str = "engine",
+    ray_address: str | None = None,
+    ray_actors: int | None = None,
+    pin: bool = False,
+):
     """The rollout storage ``fastvec.train.loop.train`` runs on (``num_slots =
     n_steps + 1``, same-step autoreset): ``venv`` wrapped (its owner closes it), else
     ``cfg.num_envs`` envs of ``env_id`` on this machine's engine (``backend="engine"``)
@@ -276,46 +346,64 @@ def build_storage(env_id, cfg, *, venv=None, env_kwargs=None, backend: str = "en
     ``cfg.num_workers`` worker processes per actor)."""
     from .config import ConfigError
     from .presets import env_factory
-    from .storage import EngineStorage, storage_for
+    from .storage import EngineStorage, RayEngineStorage, storage_for
 
-    slots = cfg.n_steps + 1
-    if cfg.env_groups > 1 and (venv is not None or backend != "engine"):
-        raise ConfigError(f"env_groups={cfg.env_groups} needs the engine backend: "
-                          f"{'a vector env of your own' if venv is not None else 'Ray'} steps every env in lock-step")
+    slots, tr = cfg.n_steps + 1, cfg.transport
+    if tr.env_groups > 1 and (venv is not None or backend != "engine"):
+        raise ConfigError(
+            f"env_groups={tr.env_groups} needs the engine backend: "
+            f"{'a vector env of your own' if venv is not None else 'Ray'} steps every env in lock-step"
+        )
     if venv is not None:
         return storage_for(venv, slots, pin=pin)
     fns = [env_factory(env_id, env_kwargs)] * cfg.num_envs
     if backend == "ray":
         from ..ray import RayEngine
 
-        engine = RayEngine(fns, num_slots=slots, autoreset_mode="same_step", ray_address=ray_address,
-                           num_actors=ray_actors, workers_per_actor=cfg.num_workers, spin_us=cfg.spin_us,
-                           restart_on_error=cfg.restart_on_error, step_timeout=cfg.step_timeout)
-        return EngineStorage(engine, kind="fastvec-ray")
+        engine = RayEngine(
+            fns,
+            num_slots=slots,
+            autoreset_mode="same_step",
+            ray_address=ray_address,
+            num_actors=ray_actors,
+            workers_per_actor=cfg.num_workers,
+            spin_us=tr.spin_us,
+            restart_on_error=cfg.restart_on_error,
+            step_timeout=cfg.step_timeout,
+        )
+        return RayEngineStorage(engine)
     from ..engine import Engine, batch_workers
     from ..options import available_cores, default_num_workers
 
     workers = cfg.num_workers
-    if cfg.env_groups > 1:
+    if tr.env_groups > 1:
         try:
-            workers = batch_workers(workers, cfg.num_envs, cfg.num_envs // cfg.env_groups, available_cores())
+            workers = batch_workers(workers, cfg.num_envs, cfg.num_envs // tr.env_groups, available_cores())
         except ValueError:
-            raise ConfigError(f"num_workers={workers} must be a multiple of env_groups={cfg.env_groups} whose "
-                              f"share per group divides {cfg.num_envs // cfg.env_groups} (the envs of a group): "
-                              "each group steps on workers of its own, with as many envs each") from None
-    engine = Engine(fns, num_workers=workers, num_slots=slots, autoreset_mode="same_step",
-                    context=cfg.context, spin_us=cfg.spin_us, restart_on_error=cfg.restart_on_error,
-                    step_timeout=cfg.step_timeout,
-                    main_spin_us=main_spin_for(cfg, workers or default_num_workers(cfg.num_envs),
-                                               available_cores()))
-    return EngineStorage(engine, groups=cfg.env_groups)
+            raise ConfigError(
+                f"num_workers={workers} must be a multiple of env_groups={tr.env_groups} whose "
+                f"share per group divides {cfg.num_envs // tr.env_groups} (the envs of a group): "
+                "each group steps on workers of its own, with as many envs each"
+            ) from None
+    engine = Engine(
+        fns,
+        num_workers=workers,
+        num_slots=slots,
+        autoreset_mode="same_step",
+        context=tr.context,
+        spin_us=tr.spin_us,
+        restart_on_error=cfg.restart_on_error,
+        step_timeout=cfg.step_timeout,
+        main_spin_us=main_spin_for(cfg, workers or default_num_workers(cfg.num_envs), available_cores()),
+    )
+    return EngineStorage(engine, groups=tr.env_groups)
 
 
 def main_spin_for(cfg, workers: int, cores: int) -> float | None:
     """How the trainer waits for its workers' step (``cfg.main_spin_us`` if set).
 
     In lock-step with a worker on every core, a trainer spinning through the step takes
-    a core from a worker. Measured on 2 cores (``fastvec bench --only loop-train``, the
+    a core from a worker. Measured on 2 cores (``benchmarks/bench_loops.py --loops train``, the
     ``engine_spin`` ablation; ``benchmarks/results/loops*``): sleeping until the last
     worker rings trained InvertedPendulum-v5 at 1.09x and 1.11x the Sync backend against
     1.07x and 0.95x spinning; HalfCheetah-v5 did not move (1.15x/1.22x, 1.24x/1.26x).
@@ -328,11 +416,23 @@ def main_spin_for(cfg, workers: int, cores: int) -> float | None:
     return None
 
 
-def run_training(env_id: str | None = None, config=None, *, venv=None, env_kwargs: dict | None = None,
-                 run_dir: str | None = None, progress: bool = True, tensorboard: bool = True,
-                 init_from: str | dict | None = None, save: bool = True, backend: str = "engine",
-                 ray_address: str | None = None, ray_actors: int | None = None,
-                 resume: str | tuple | None = None, stop=None) -> dict:
+def run_training(
+    env_id: str | None = None,
+    config=None,
+    *,
+    venv=None,
+    env_kwargs: dict | None = None,
+    run_dir: str | None = None,
+    progress: bool = True,
+    tensorboard: bool = True,
+    init_from: str | dict | None = None,
+    save: bool = True,
+    backend: str = "engine",
+    ray_address: str | None = None,
+    ray_actors: int | None = None,
+    resume: str | tuple | None = None,
+    stop=None,
+) -> dict:
     """What ``fastvec train`` does: train PPO on ``env_id`` (or on ``venv``, a gymnasium
     ``VectorEnv`` with same-step autoreset or an SB3 ``VecEnv``, which the caller keeps
     and closes), logging into ``run_dir`` (TensorBoard events, ``metrics.jsonl``,
@@ -394,19 +494,39 @@ def run_training(env_id: str | None = None, config=None, *, venv=None, env_kwarg
     warm_up_torch()
     t_start = time.perf_counter()  # the clock starts here: env start-up is part of the wall time
     try:
-        storage = build_storage(env_id, cfg, venv=venv, env_kwargs=env_kwargs, backend=backend,
-                                ray_address=ray_address, ray_actors=ray_actors, pin=device.type == "cuda")
+        storage = build_storage(
+            env_id,
+            cfg,
+            venv=venv,
+            env_kwargs=env_kwargs,
+            backend=backend,
+            ray_address=ray_address,
+            ray_actors=ray_actors,
+            pin=device.type == "cuda",
+        )
     except BaseException:
         monitor.close()
         raise
-    return train(cfg, storage, monitor, env_id=env_id, env_kwargs=env_kwargs, init=ckpt, resume=resume,
-                 stop=stop, progress=progress, save=save, t_start=t_start)
+    return train(
+        cfg,
+        storage,
+        monitor,
+        env_id=env_id,
+        env_kwargs=env_kwargs,
+        init=ckpt,
+        resume=resume,
+        stop=stop,
+        progress=progress,
+        save=save,
+        t_start=t_start,
+    )
 
 
-def time_to_solve(env_id: str = "CartPole-v1", seeds=(0, 1, 2), threshold: float | None = None,
-                  overrides=(), max_steps: int = 200_000) -> dict:
+def time_to_solve(
+    env_id: str = "CartPole-v1", seeds=(0, 1, 2), threshold: float | None = None, overrides=(), max_steps: int = 200_000
+) -> dict:
     """Wall time of ``fastvec train ENV --stop-at-return THRESHOLD`` per seed (in this
-    process, preset hyperparameters), for ``fastvec bench --train``. The side-by-side
+    process, preset hyperparameters). The side-by-side
     comparison with SB3 is ``benchmarks/bench_train.py``."""
     import statistics
 
@@ -422,8 +542,11 @@ def time_to_solve(env_id: str = "CartPole-v1", seeds=(0, 1, 2), threshold: float
         r = run_training(env_id, cfg, progress=False, tensorboard=False)
         runs.append({k: r[k] for k in ("seed", "solved", "env_steps", "wall_seconds", "sps")})
     return {
-        "env_id": env_id, "threshold": threshold, "runs": runs,
-        "solved": sum(r["solved"] for r in runs), "seeds": len(runs),
+        "env_id": env_id,
+        "threshold": threshold,
+        "runs": runs,
+        "solved": sum(r["solved"] for r in runs),
+        "seeds": len(runs),
         "median_wall_seconds": statistics.median(r["wall_seconds"] for r in runs),
         "median_env_steps": statistics.median(r["env_steps"] for r in runs),
     }
@@ -442,8 +565,14 @@ def _eval(argv) -> int:
     except ValueError as exc:
         return _fail("eval", exc, 2)
     try:
-        result = evaluate(ckpt, episodes=args.episodes, seed=args.seed,
-                          deterministic=not args.stochastic, env_id=args.env, num_envs=args.num_envs)
+        result = evaluate(
+            ckpt,
+            episodes=args.episodes,
+            seed=args.seed,
+            deterministic=not args.stochastic,
+            env_id=args.env,
+            num_envs=args.num_envs,
+        )
     except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
         return _fail("eval", exc, 1)
     except ValueError as exc:

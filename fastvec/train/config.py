@@ -1,34 +1,48 @@
-"""The trainer's configuration: ``PPOConfig`` and the ``--set key=value`` parser."""
+"""The trainer's configuration: ``PPOConfig`` and the ``--set key=value`` parser.
+
+``PPOConfig`` holds the hyperparameters and the run's settings; how the envs' workers
+and the trainer talk (start method, spins, batch groups) is a ``TransportConfig`` of its
+own, ``PPOConfig.transport``: nothing of it changes what is learned (batch groups only
+up to floating-point rounding), so a resumed run may change all of it. Its keys stay
+one namespace with the rest for ``--set``, ``to_dict()`` (flat: checkpoints read and
+write as before the split) and ``PPOConfig(context=...)``.
+"""
+
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import multiprocessing as mp
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["PPOConfig", "ConfigError", "apply_overrides", "FIELD_KINDS", "SAFE_ON_RESUME", "check_resume_config"]
+__all__ = [
+    "PPOConfig",
+    "TransportConfig",
+    "TRANSPORT_KEYS",
+    "ConfigError",
+    "apply_overrides",
+    "FIELD_KINDS",
+    "SAFE_ON_RESUME",
+    "check_resume_config",
+]
 
 
 class ConfigError(ValueError):
     """A bad configuration value or key (reported as a one-line error by the CLI)."""
 
 
-@dataclass
-class PPOConfig:
-    """Every hyperparameter of the trainer; ``fastvec train --set key=value`` sets any
-    (``fastvec train ENV --list-keys`` lists them with the env's preset values)."""
+def _pos_int(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {v!r}")
 
-    # ---- environment and rollout
-    num_envs: int = 8
-    """Envs stepped in parallel."""
-    num_workers: int | None = None
-    """Engine worker processes; None: ``min(num_envs, cores)``."""
-    n_steps: int = 128
-    """T: steps per env per rollout (the engine's ring holds ``T + 1`` slots)."""
-    total_steps: int = 1_000_000
-    """Env steps (over all envs) to train for."""
+
+@dataclass
+class TransportConfig:
+    """How the engine's workers and the trainer talk (``--set key=value`` as any other key)."""
+
     context: str = "fork"
     """Start method of the engine's workers (fork starts in milliseconds; see the CLI)."""
     spin_us: float | None = None
@@ -40,6 +54,69 @@ class PPOConfig:
     """Groups of envs stepping in turn: while one group steps in its workers, the policy
     acts on another (1: every env in lock-step). Must divide ``num_envs``; each group gets
     whole workers (``num_workers`` a multiple of it); the engine backend only."""
+
+    def validate(self, num_envs: int) -> TransportConfig:
+        _pos_int("env_groups", self.env_groups)
+        if num_envs % self.env_groups:
+            raise ConfigError(f"env_groups={self.env_groups} must divide num_envs={num_envs}")
+        for name in ("spin_us", "main_spin_us"):
+            v = getattr(self, name)
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not 0 <= v < 1e6
+            ):
+                raise ConfigError(f"{name} must be in [0, 1e6) microseconds or none, got {v!r}")
+        if self.context not in mp.get_all_start_methods():
+            raise ConfigError(f"context must be one of {mp.get_all_start_methods()}, got {self.context!r}")
+        return self
+
+
+TRANSPORT_KEYS = tuple(f.name for f in dataclasses.fields(TransportConfig))
+
+
+def _flat_transport_keys(cls):
+    """``PPOConfig(context=...)`` as before the transport settings moved into
+    ``cfg.transport`` (``cfg.context`` etc. are properties). Each config owns its transport
+    (a copy of one given, and in ``copy.copy`` / ``dataclasses.replace``), so setting a
+    key on one config never changes another, as with flat fields."""
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        flat = {k: kwargs.pop(k) for k in TRANSPORT_KEYS if k in kwargs}
+        init(self, *args, **kwargs)
+        self.transport = dataclasses.replace(self.transport, **flat)
+
+    sig = inspect.signature(init)
+    flat_params = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+        for f in dataclasses.fields(TransportConfig)
+    ]
+    # help() and the docs show the flat keys too; functions take a __signature__ at run time
+    __init__.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *flat_params])  # type: ignore[attr-defined]
+    __init__.__doc__, __init__.__qualname__ = init.__doc__, init.__qualname__
+    cls.__init__ = __init__
+    cls.__copy__ = lambda self: dataclasses.replace(self)
+    return cls
+
+
+@_flat_transport_keys
+@dataclass
+class PPOConfig:
+    """Every hyperparameter of the trainer, and the transport settings in ``transport``;
+    ``fastvec train --set key=value`` sets any (``fastvec train ENV --list-keys`` lists
+    them with the env's preset values)."""
+
+    # ---- environment and rollout
+    num_envs: int = 8
+    """Envs stepped in parallel."""
+    num_workers: int | None = None
+    """Engine worker processes; None: ``min(num_envs, cores)``."""
+    n_steps: int = 128
+    """T: steps per env per rollout (the engine's ring holds ``T + 1`` slots)."""
+    total_steps: int = 1_000_000
+    """Env steps (over all envs) to train for."""
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    """``context``, ``spin_us``, ``main_spin_us``, ``env_groups`` (also readable, settable
+    and accepted by the constructor as flat keys)."""
     # ---- optimisation
     lr: float = 3e-4
     """Adam's learning rate."""
@@ -121,24 +198,61 @@ class PPOConfig:
     replaced like a dead one (``restart_on_error``), else the run ends with an error; none:
     wait forever. Applies to fastvec's own envs (engine and Ray), not to a vector env passed in."""
 
-    def validate(self) -> "PPOConfig":
-        def pos_int(name):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+    # ---- the transport's keys, flat as before the split (not fields: ``transport`` holds them)
+    @property
+    def context(self) -> str:
+        return self.transport.context
 
-        for name in ("num_envs", "n_steps", "total_steps", "n_epochs", "minibatch_size", "return_window",
-                     "keep_checkpoints", "max_restarts", "restart_window", "env_groups"):
-            pos_int(name)
-        if self.num_envs % self.env_groups:
-            raise ConfigError(f"env_groups={self.env_groups} must divide num_envs={self.num_envs}")
+    @context.setter
+    def context(self, v: str) -> None:
+        self.transport.context = v
+
+    @property
+    def spin_us(self) -> float | None:
+        return self.transport.spin_us
+
+    @spin_us.setter
+    def spin_us(self, v: float | None) -> None:
+        self.transport.spin_us = v
+
+    @property
+    def main_spin_us(self) -> float | None:
+        return self.transport.main_spin_us
+
+    @main_spin_us.setter
+    def main_spin_us(self, v: float | None) -> None:
+        self.transport.main_spin_us = v
+
+    @property
+    def env_groups(self) -> int:
+        return self.transport.env_groups
+
+    @env_groups.setter
+    def env_groups(self, v: int) -> None:
+        self.transport.env_groups = v
+
+    def validate(self) -> PPOConfig:
+        for name in (
+            "num_envs",
+            "n_steps",
+            "total_steps",
+            "n_epochs",
+            "minibatch_size",
+            "return_window",
+            "keep_checkpoints",
+            "max_restarts",
+            "restart_window",
+        ):
+            _pos_int(name, getattr(self, name))
+        self.transport.validate(self.num_envs)
         for name in ("num_workers", "torch_threads", "learn_threads"):
             if getattr(self, name) is not None:
-                pos_int(name)
+                _pos_int(name, getattr(self, name))
         v = self.checkpoint_every
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise ConfigError(f"checkpoint_every must be a non-negative integer (env steps; 0: only at the end), "
-                              f"got {v!r}")
+            raise ConfigError(
+                f"checkpoint_every must be a non-negative integer (env steps; 0: only at the end), got {v!r}"
+            )
         if self.num_workers is not None and self.num_workers > self.num_envs:
             raise ConfigError(f"num_workers={self.num_workers} exceeds num_envs={self.num_envs}")
         for name in ("gamma", "gae_lambda"):
@@ -153,11 +267,6 @@ class PPOConfig:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a non-negative number, got {v!r}")
-        for name in ("spin_us", "main_spin_us"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
-                                  or not 0 <= v < 1e6):
-                raise ConfigError(f"{name} must be in [0, 1e6) microseconds or none, got {v!r}")
         for name in ("target_kl", "clip_vf", "step_timeout"):
             v = getattr(self, name)
             if v is not None and not (v > 0 and math.isfinite(v)):
@@ -170,28 +279,28 @@ class PPOConfig:
             raise ConfigError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
         if self.learner not in ("auto", "numpy", "torch"):
             raise ConfigError(f"learner must be auto, numpy or torch, got {self.learner!r}")
-        if self.context not in mp.get_all_start_methods():
-            raise ConfigError(f"context must be one of {mp.get_all_start_methods()}, got {self.context!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         return self
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
+        """Every ``--set`` key and its value, flat (the transport's keys where they were
+        before the split): what a checkpoint keeps as its config."""
+        return {k: list(self.hidden) if k == "hidden" else getattr(self, k) for k in FIELD_KINDS}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PPOConfig":
-        """The inverse of ``to_dict`` (a checkpoint's config); ConfigError on keys this
-        version does not know. Keys added since the dict was written keep their defaults."""
-        unknown = sorted(set(d) - set(FIELD_KINDS))
+    def from_dict(cls, d: dict) -> PPOConfig:
+        """The inverse of ``to_dict`` (a checkpoint's config; a nested ``"transport"``
+        dict is read too); ConfigError on keys this version does not know. Keys added
+        since the dict was written keep their defaults."""
+        d = dict(d)
+        nested = d.pop("transport", None) or {}
+        unknown = sorted((set(d) - set(FIELD_KINDS)) | (set(nested) - set(TRANSPORT_KEYS)))
         if unknown:
             raise ConfigError(f"unknown config keys {unknown} (written by another fastvec version?)")
-        d = dict(d)
         if d.get("hidden") is not None:
             d["hidden"] = tuple(d["hidden"])
-        return cls(**d)
+        return cls(**{**nested, **d})  # a flat key over a nested one: flat is what this version writes
 
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
@@ -233,14 +342,27 @@ def _parse_value(name: str, text: str, kind: str):
             return t
     except ValueError:
         pass
-    want = {"int": "an integer", "float": "a number", "bool": "true or false",
-            "ints": "comma-separated integers like 64,64", "str": "a non-empty string"}[base]
+    want = {
+        "int": "an integer",
+        "float": "a number",
+        "bool": "true or false",
+        "ints": "comma-separated integers like 64,64",
+        "str": "a non-empty string",
+    }[base]
     raise ConfigError(f"bad value for {name}: {text!r} (expected {want}{' or none' if optional else ''})")
+
+
+def _set_keys() -> list[dataclasses.Field]:
+    """The fields ``--set`` reaches, in ``PPOConfig``'s order with the transport's inline."""
+    out: list[dataclasses.Field] = []
+    for f in dataclasses.fields(PPOConfig):
+        out.extend(dataclasses.fields(TransportConfig) if f.name == "transport" else [f])
+    return out
 
 
 def _field_kinds() -> dict[str, str]:
     kinds = {}
-    for f in dataclasses.fields(PPOConfig):
+    for f in _set_keys():
         ann = str(f.type).replace(" ", "")
         opt = "None" in ann
         if ann.startswith("tuple"):
@@ -289,18 +411,35 @@ def apply_overrides(cfg: PPOConfig, items) -> PPOConfig:
 # the seed) and stays the run's. Changing total_steps moves the learning-rate schedule's
 # end (it decays over total_steps from where it is); other devices or thread counts give
 # results equal only up to floating-point rounding.
-SAFE_ON_RESUME = frozenset({
-    "total_steps", "stop_at_return", "solve_return", "device", "torch_threads", "learn_threads", "learner",
-    "num_workers", "context", "spin_us", "main_spin_us", "env_groups", "log_every_s", "checkpoint_every", "keep_checkpoints",
-    "restart_on_error", "max_restarts", "restart_window", "step_timeout",
-})
+SAFE_ON_RESUME = frozenset(
+    {
+        "total_steps",
+        "stop_at_return",
+        "solve_return",
+        "device",
+        "torch_threads",
+        "learn_threads",
+        "learner",
+        "num_workers",
+        "log_every_s",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "restart_on_error",
+        "max_restarts",
+        "restart_window",
+        "step_timeout",
+        *TRANSPORT_KEYS,
+    }
+)
 
 
 def check_resume_config(run: PPOConfig, new: PPOConfig) -> None:
     """ConfigError unless ``new`` differs from the run's config ``run`` in safe keys only."""
-    changed = [f.name for f in dataclasses.fields(PPOConfig) if getattr(run, f.name) != getattr(new, f.name)]
+    changed = [k for k in FIELD_KINDS if getattr(run, k) != getattr(new, k)]
     unsafe = [k for k in changed if k not in SAFE_ON_RESUME]
     if unsafe:
         detail = ", ".join(f"{k} ({getattr(run, k)!r} -> {getattr(new, k)!r})" for k in unsafe)
-        raise ConfigError(f"--resume continues the run's config; it cannot change {detail} "
-                          f"(safe to change: {', '.join(sorted(SAFE_ON_RESUME))})")
+        raise ConfigError(
+            f"--resume continues the run's config; it cannot change {detail} "
+            f"(safe to change: {', '.join(sorted(SAFE_ON_RESUME))})"
+        )

@@ -1,4 +1,5 @@
 """``fastvec eval``: run a checkpoint's policy for some episodes, in-process."""
+
 from __future__ import annotations
 
 import time
@@ -11,8 +12,14 @@ from .checkpoints import check_spaces, load_checkpoint, policy_from_checkpoint
 __all__ = ["evaluate"]
 
 
-def evaluate(checkpoint, episodes: int = 10, seed: int = 0, deterministic: bool = True,
-             env_id: str | None = None, num_envs: int | None = None) -> dict:
+def evaluate(
+    checkpoint,
+    episodes: int = 10,
+    seed: int = 0,
+    deterministic: bool = True,
+    env_id: str | None = None,
+    num_envs: int | None = None,
+) -> dict:
     """Run ``episodes`` episodes of a checkpoint's policy (in-process, vectorised).
 
     Episodes are spread evenly over the envs (each env runs its share, as SB3's
@@ -63,8 +70,14 @@ def evaluate(checkpoint, episodes: int = 10, seed: int = 0, deterministic: bool 
     finally:
         venv.close()
     return {
-        "env_id": env_id, "episodes": len(returns), "mean_return": float(np.mean(returns)),
-        "std_return": float(np.std(returns)), "min_return": float(np.min(returns)),
-        "max_return": float(np.max(returns)), "mean_length": float(np.mean(lengths)),
-        "deterministic": deterministic, "seed": seed, "wall_seconds": round(wall, 3),
+        "env_id": env_id,
+        "episodes": len(returns),
+        "mean_return": float(np.mean(returns)),
+        "std_return": float(np.std(returns)),
+        "min_return": float(np.min(returns)),
+        "max_return": float(np.max(returns)),
+        "mean_length": float(np.mean(lengths)),
+        "deterministic": deterministic,
+        "seed": seed,
+        "wall_seconds": round(wall, 3),
     }

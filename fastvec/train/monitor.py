@@ -15,6 +15,7 @@ A run directory holds:
 The TensorBoard writer is created (and ``torch.utils.tensorboard`` imported, ~1-2 s)
 before the trainer starts its clock; writing happens at most every ``log_every_s``.
 """
+
 from __future__ import annotations
 
 import json
@@ -176,7 +177,7 @@ class Monitor:
         pts = [(s, r) for s, r in (curve or ()) if r is not None] or self.points
         fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
         if pts:
-            x, y = zip(*pts)
+            x, y = zip(*pts, strict=True)
             ax.plot(x, y, marker="." if len(pts) < 50 else None)
         else:
             ax.text(0.5, 0.5, "no finished episodes", ha="center", va="center", transform=ax.transAxes)

@@ -19,6 +19,7 @@ clipping and the optimiser step stay ``PPO.update``'s own.
 Parameters are read through numpy views of the flat parameter tensor: the optimiser's
 in-place step is what the next minibatch sees.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -75,8 +76,9 @@ class NumpyLearner:
             return f"it runs on one thread (learn_threads is {learn_threads})"
         return None
 
-    def __init__(self, policy: ActorCritic, flat_grad: torch.Tensor, ent_coef: float, vf_coef: float,
-                 clip_vf: float | None):
+    def __init__(
+        self, policy: ActorCritic, flat_grad: torch.Tensor, ent_coef: float, vf_coef: float, clip_vf: float | None
+    ):
         self.gaussian = isinstance(policy.dist, GaussianDist)
         self.relu = any(isinstance(m, nn.ReLU) for m in policy.actor)
         self.ent_coef, self.vf_coef, self.clip_vf = float(ent_coef), float(vf_coef), clip_vf
@@ -92,7 +94,7 @@ class NumpyLearner:
             if off < 0 or off + p.numel() > flat.size or not g.is_contiguous():
                 raise ValueError("the policy's parameters are not flattened (flatten_parameters)")
             covered += p.numel()
-            return p.detach().numpy(), flat[off:off + p.numel()].reshape(tuple(p.shape))
+            return p.detach().numpy(), flat[off : off + p.numel()].reshape(tuple(p.shape))
 
         self.actor = [(view(m.weight), view(m.bias)) for m in _linear_layers(policy.actor)]
         self.critic = [(view(m.weight), view(m.bias)) for m in _linear_layers(policy.critic)]
@@ -140,8 +142,9 @@ class NumpyLearner:
                 else:
                     g *= 1.0 - h * h
 
-    def minibatch(self, x, actions, old_logp, adv, ret, old_v, clip: float, want_stats: bool,
-                  target_kl: float | None, stats) -> bool:
+    def minibatch(
+        self, x, actions, old_logp, adv, ret, old_v, clip: float, want_stats: bool, target_kl: float | None, stats
+    ) -> bool:
         """One minibatch: ``x`` the (normalised) observations ``[n, D]`` float32,
         ``actions`` the raw Gaussian samples ``[n, dim]`` or Discrete actions ``[n]``, the
         other columns ``[n]``. Appends the statistics to ``stats`` when ``want_stats``;
@@ -204,8 +207,9 @@ class NumpyLearner:
             stats["cf"].append(float((np.abs(ratio - 1.0) > clip).mean()))
             stats["pg"].append(-float(np.minimum(s1, s2).mean()))
             stats["v"].append(0.5 * v_loss)
-            stats["ent"].append(float(ls.sum() + (0.5 + self._log2pi_half) * ls.size) if self.gaussian
-                                else float(ent.mean()))
+            stats["ent"].append(
+                float(ls.sum() + (0.5 + self._log2pi_half) * ls.size) if self.gaussian else float(ent.mean())
+            )
         # d(-mean(min(s1, s2)))/d ratio: the unclipped side carries it where it is the
         # smaller; inside the clip range both sides are equal and clamp passes it too.
         g_logp = (ratio >= lo) & (ratio <= hi)

@@ -13,13 +13,15 @@ CNN shares its trunk and has two linear heads (as SB3's ``CnnPolicy`` and CleanR
 Acting is designed for the trainer's hot loop: ``act_`` samples with noise drawn for a
 whole rollout at once (Gumbel-max for categoricals, ``mean + std * eps`` for Gaussians)
 and writes the actions straight into the caller's tensors (the engine's shared action
-buffers), with no per-step allocation beyond torch's intermediates. With separate
+buffers), with no per-step allocation beyond torch's intermediates; an MLP acts through
+its ``ActingPath`` (``fastvec.train.acting``: functional, or numpy on the CPU). With separate
 networks only the actor runs per step (``values_at_act`` is False): the trainer
 computes values and log-probabilities for the whole rollout in one batch afterwards,
 which is exact because the policy does not change during a rollout. With a shared
 trunk (CNN) the value and log-probability come from the same forward pass and are
 stored per step.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +29,9 @@ import math
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from gymnasium import spaces
+
+from .acting import ActingPath, build_acting_path, vector_input
 
 __all__ = ["ActorCritic", "make_policy", "is_image_space", "describe_policy"]
 
@@ -118,9 +121,12 @@ class NatureCNN(nn.Module):
     def __init__(self, in_channels: int, height: int, width: int, features: int = 512):
         super().__init__()
         self.convs = nn.Sequential(
-            _ortho(nn.Conv2d(in_channels, 32, 8, stride=4), math.sqrt(2)), nn.ReLU(),
-            _ortho(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
-            _ortho(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)), nn.ReLU(),
+            _ortho(nn.Conv2d(in_channels, 32, 8, stride=4), math.sqrt(2)),
+            nn.ReLU(),
+            _ortho(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)),
+            nn.ReLU(),
+            _ortho(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)),
+            nn.ReLU(),
             nn.Flatten(),
         )
         with torch.no_grad():
@@ -187,8 +193,12 @@ class CategoricalDist(nn.Module):
         if not deterministic:
             logits = logits + noise
         b = logits.shape[0]
-        if (not self.has_start and act_out.dtype == torch.int64 and act_out.device == logits.device
-                and act_out.is_contiguous()):
+        if (
+            not self.has_start
+            and act_out.dtype == torch.int64
+            and act_out.device == logits.device
+            and act_out.is_contiguous()
+        ):
             out = act_out.view(b, self.k)
             torch.argmax(logits, -1, out=out)
             return out
@@ -291,8 +301,9 @@ def make_dist(act_space: spaces.Space, log_std_init: float = 0.0) -> nn.Module:
     if isinstance(act_space, spaces.Discrete):
         return CategoricalDist([act_space.n], [act_space.start], action_shape=())
     if isinstance(act_space, spaces.MultiDiscrete):
-        return CategoricalDist(act_space.nvec.reshape(-1), act_space.start.reshape(-1),
-                               action_shape=act_space.nvec.shape)
+        return CategoricalDist(
+            act_space.nvec.reshape(-1), act_space.start.reshape(-1), action_shape=act_space.nvec.shape
+        )
     if isinstance(act_space, spaces.MultiBinary):
         shape = tuple(np.atleast_1d(act_space.shape))
         k = int(np.prod(shape))
@@ -316,9 +327,18 @@ class ActorCritic(nn.Module):
     ``value(obs)`` and ``log_prob(obs, actions)`` are used on whole rollouts.
     """
 
-    def __init__(self, obs_space: spaces.Space, act_space: spaces.Space, *, hidden=(64, 64),
-                 activation: str = "tanh", ortho_init: bool = True, log_std_init: float = 0.0,
-                 normalize_obs: bool = False, cnn_features: int = 512):
+    def __init__(
+        self,
+        obs_space: spaces.Space,
+        act_space: spaces.Space,
+        *,
+        hidden=(64, 64),
+        activation: str = "tanh",
+        ortho_init: bool = True,
+        log_std_init: float = 0.0,
+        normalize_obs: bool = False,
+        cnn_features: int = 512,
+    ):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
@@ -348,8 +368,10 @@ class ActorCritic(nn.Module):
             self.values_at_act = False
         # Small float-convertible vector observations can be packed with the other
         # per-sample training data (one gather per epoch; see PPO.update).
-        self.packable_obs = (not self.image and not self.one_hot and isinstance(obs_space, spaces.Box)
-                             and self.obs_dim <= 4096)
+        self.packable_obs = (
+            not self.image and not self.one_hot and isinstance(obs_space, spaces.Box) and self.obs_dim <= 4096
+        )
+        self._acting: ActingPath | None = None  # made on first use (acting_path)
 
     # -------------------------------------------------------------- preprocessing
     def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
@@ -359,14 +381,7 @@ class ActorCritic(nn.Module):
             if self.hwc:
                 x = x.permute(0, 3, 1, 2)
             return x.float().mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.float()
-        if self.one_hot:
-            return F.one_hot(obs.reshape(-1).long() - self.obs_start, self.obs_dim).float()
-        x = obs.reshape(obs.shape[0], self.obs_dim)
-        if x.dtype != torch.float32:
-            x = x.float()
-        if self.obs_norm is not None:
-            x = self.obs_norm(x)
-        return x
+        return vector_input(obs, self.obs_dim, self.obs_start if self.one_hot else None, self.obs_norm)
 
     def update_obs_norm(self, obs: torch.Tensor) -> None:
         if self.obs_norm is not None:
@@ -401,118 +416,44 @@ class ActorCritic(nn.Module):
         return self.dist.log_prob(self.actor_params(obs), actions)
 
     def _apply(self, fn, *args, **kwargs):
-        self._fast = self._np = None  # parameters may be replaced (.to(device), ...)
+        self._acting = None  # parameters may be replaced (.to(device), ...)
         return super()._apply(fn, *args, **kwargs)
 
-    # Acting a small MLP on the CPU in numpy: a torch op costs 5-30 us of dispatch on a
-    # small VM, so a 64x64 actor's dozen ops cost ~250 us a step for any batch size;
-    # the same arithmetic on numpy views of the parameters costs ~110 us. The views share
-    # the parameters' memory (the optimiser steps in place), and are made again if a
-    # weight's storage moves (``flatten_parameters``, ``.to``: biases move with them).
-    def _np_actor(self):
-        np_path = getattr(self, "_np", None)
-        if np_path is not None:
-            ptrs, rest = np_path
-            if rest is False or ptrs == tuple(w.data_ptr() for w in self._np_watch):
-                return rest
-        fast = getattr(self, "_fast", None)
-        if fast is None:
-            fast = self._fast_actor()
-        dist = self.dist
-        rest = False
-        if (fast and not self.image and not self.one_hot and fast[0][0][0].device.type == "cpu"
-                and fast[1] in (torch.tanh, torch.relu)):
-            layers = [(w.detach().numpy(), b.detach().numpy()) for w, b in fast[0]]
-            act = np.tanh if fast[1] is torch.tanh else (lambda x, out: np.maximum(x, 0.0, out=out))
-            norm = None
-            if self.obs_norm is not None:
-                norm = (self.obs_norm._shift.numpy(), self.obs_norm._scale.numpy(), self.obs_norm.clip)
-            if isinstance(dist, GaussianDist):
-                rest = (layers, act, norm, "gaussian", dist.log_std.detach().numpy(), dist.low.numpy(),
-                        dist.high.numpy())
-            elif dist.k == 1 and not dist.has_mask and not dist.has_start:
-                rest = (layers, act, norm, "categorical", None, None, None)
-        self._np_watch = [w for w, _b in fast[0]] if fast else []
-        self._np = (tuple(w.data_ptr() for w in self._np_watch), rest)
-        return rest
-
-    def _act_np(self, path, obs, noise, act_out, raw_out) -> None:
-        layers, act, norm, kind, log_std, low, high = path
-        n = obs.shape[0]
-        x = obs.numpy().reshape(n, self.obs_dim)
-        if norm is not None:  # in place where it can be: each numpy call costs a few us here
-            shift, scale, clip = norm
-            x = np.subtract(x, shift, dtype=np.float32)
-            x *= scale
-            np.minimum(x, clip, out=x)
-            np.maximum(x, -clip, out=x)
-        elif x.dtype != np.float32:
-            x = x.astype(np.float32)
-        for w, b in layers[:-1]:
-            x = x @ w.T
-            x += b
-            act(x, out=x)
-        w, b = layers[-1]
-        params = x @ w.T
-        params += b
-        if kind == "gaussian":
-            raw = raw_out.numpy() if raw_out is not None else np.empty_like(params)
-            np.multiply(np.exp(log_std), noise.numpy(), out=raw)
-            raw += params
-            out = act_out.numpy().reshape(n, -1)
-            out[...] = raw
-            if self.dist.bounded:
-                np.minimum(out, high, out=out)
-                np.maximum(out, low, out=out)
-        else:
-            params += noise.numpy().reshape(n, -1)
-            act_out.numpy().reshape(n)[...] = params.argmax(-1)
-
-    def _fast_actor(self):
-        """The MLP actor as a list of (weight, bias) and the activation, for a forward
-        pass without module dispatch (about half the per-step cost for tiny nets)."""
-        layers = [(m.weight, m.bias) for m in self.actor if isinstance(m, nn.Linear)]
-        acts = [type(m) for m in self.actor if not isinstance(m, nn.Linear)]
-        # hidden=(): one linear layer, no activation to apply (tanh stands in, unused)
-        act = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu}.get(acts[0]) if acts else torch.tanh
-        self._fast = (layers, act) if act is not None else False
-        return self._fast
+    def acting_path(self) -> ActingPath:
+        """The MLP actor's acting forward (``fastvec.train.acting``), made again when the
+        weights' storage moved (``flatten_parameters``, ``.to``). Not for image policies."""
+        path = self._acting
+        if path is None or not path.current():
+            path = self._acting = build_acting_path(
+                self.actor,
+                self.dist,
+                gaussian=isinstance(self.dist, GaussianDist),
+                obs_dim=self.obs_dim,
+                one_hot_start=self.obs_start if self.one_hot else None,
+                obs_norm=self.obs_norm,
+            )
+        return path
 
     def actor_params_fast(self, obs: torch.Tensor) -> torch.Tensor:
-        fast = getattr(self, "_fast", None)
-        if fast is None:
-            fast = self._fast_actor()
-        if self.image or not fast or self.one_hot:
-            return self.actor_params(obs)
-        layers, act = fast
-        x = obs.reshape(obs.shape[0], self.obs_dim)
-        if x.dtype != torch.float32:
-            x = x.float()
-        if self.obs_norm is not None:
-            x = self.obs_norm(x)
-        for w, b in layers[:-1]:
-            x = act(F.linear(x, w, b))
-        w, b = layers[-1]
-        return F.linear(x, w, b)
+        """``actor_params`` without module dispatch for MLPs (the same numbers)."""
+        return self.actor_params(obs) if self.image else self.acting_path().params(obs)
 
-    def act_(self, obs, noise, act_out, raw_out=None, logp_out=None, value_out=None,
-             deterministic: bool = False):
+    def act_(self, obs, noise, act_out, raw_out=None, logp_out=None, value_out=None, deterministic: bool = False):
         """One acting step (call under ``torch.inference_mode()``). Writes actions into
         ``act_out``; for a shared trunk also the log-prob and value into ``logp_out`` /
         ``value_out`` when given."""
-        if self.values_at_act and (logp_out is not None or value_out is not None):
-            params, v = self.params_and_value(obs)
-            raw = self.dist.act_(params, noise, act_out, raw_out, deterministic)
-            if value_out is not None:
-                value_out.copy_(v)
-            if logp_out is not None:
-                logp_out.copy_(self.dist.log_prob(params, raw))
+        if not self.image:
+            self.acting_path().act(obs, noise, act_out, raw_out, deterministic)
             return
-        if not deterministic and (path := self._np_actor()) and obs.device.type == "cpu" \
-                and act_out.device.type == "cpu":
-            self._act_np(path, obs, noise, act_out, raw_out)
+        if logp_out is None and value_out is None:
+            self.dist.act_(self.actor_params(obs), noise, act_out, raw_out, deterministic)
             return
-        self.dist.act_(self.actor_params_fast(obs), noise, act_out, raw_out, deterministic)
+        params, v = self.params_and_value(obs)
+        raw = self.dist.act_(params, noise, act_out, raw_out, deterministic)
+        if value_out is not None:
+            value_out.copy_(v)
+        if logp_out is not None:
+            logp_out.copy_(self.dist.log_prob(params, raw))
 
     def predict(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
         """Convenience for evaluation: batched numpy observations -> numpy actions."""
@@ -520,19 +461,29 @@ class ActorCritic(nn.Module):
             dev = next(self.parameters()).device
             o = torch.as_tensor(np.asarray(obs), device=dev)
             n = o.shape[0]
-            out = torch.empty((n, *self.dist.action_shape),
-                              dtype=torch.float32 if isinstance(self.dist, GaussianDist) else torch.int64,
-                              device=dev)
+            out = torch.empty(
+                (n, *self.dist.action_shape),
+                dtype=torch.float32 if isinstance(self.dist, GaussianDist) else torch.int64,
+                device=dev,
+            )
             noise = self.dist.sample_noise(torch.empty(self.dist.noise_shape(n), device=dev))
             self.dist.act_(self.actor_params(o), noise, out, None, deterministic)
             return out.cpu().numpy()
 
 
-def make_policy(obs_space, act_space, *, hidden=(64, 64), activation="tanh", ortho_init=True,
-                log_std_init=0.0, normalize_obs=False) -> ActorCritic:
+def make_policy(
+    obs_space, act_space, *, hidden=(64, 64), activation="tanh", ortho_init=True, log_std_init=0.0, normalize_obs=False
+) -> ActorCritic:
     """The policy for these spaces (see the module docstring for the rules)."""
-    return ActorCritic(obs_space, act_space, hidden=hidden, activation=activation,
-                       ortho_init=ortho_init, log_std_init=log_std_init, normalize_obs=normalize_obs)
+    return ActorCritic(
+        obs_space,
+        act_space,
+        hidden=hidden,
+        activation=activation,
+        ortho_init=ortho_init,
+        log_std_init=log_std_init,
+        normalize_obs=normalize_obs,
+    )
 
 
 def describe_policy(policy: ActorCritic) -> str:

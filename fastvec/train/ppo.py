@@ -1,10 +1,12 @@
 """PPO itself: acting into the storage, targets (GAE), the clipped update.
 
 Per-step overhead is kept small: acting runs under ``torch.inference_mode()`` with a
-functional forward of the actor only (values and old log-probs of MLP policies are
-computed for the whole rollout in one batched pass afterwards), sampling noise is
-drawn once per rollout, actions are written in place into the storage's action slot,
-and episode statistics are computed per rollout, vectorised over time. The update
+functional forward of the actor only (``fastvec.train.acting``; values and old
+log-probs of MLP policies are computed for the whole rollout in one batched pass
+afterwards), sampling noise is drawn once per rollout, actions are written in place
+into the storage's action slot, and episode statistics are computed per rollout,
+vectorised over time. On a GPU (or with ``separate_buffers``) each step's observations
+are copied to the device before acting and its actions back after it. The update
 uses one flat parameter / gradient tensor (one-tensor Adam and gradient clipping) and
 permutes the packed per-sample data once per epoch; small MLP policies on the CPU get
 each minibatch's gradient from ``fastvec.train.numpy_learner`` instead of autograd.
@@ -17,6 +19,7 @@ Threads: ``torch_threads`` defaults to 1 for MLP policies (on 2 cores, 2 threads
 no faster for a 64x64 MLP and fight the env workers for the second core) and to all
 cores for CNNs (the env workers sleep while the policy runs: acting is synchronous).
 """
+
 from __future__ import annotations
 
 import collections
@@ -36,6 +39,7 @@ from .monitor import thin
 from .numpy_learner import NumpyLearner
 from .policies import ActorCritic, GaussianDist, is_image_space, make_policy
 from .rollout import Rollout
+from .statistics import EpisodeTracker, RewardScaler
 
 __all__ = ["PPO", "FlatAdam", "flatten_parameters", "resolve_device", "warm_up_torch", "rng_state", "set_rng_state"]
 
@@ -63,9 +67,9 @@ def flatten_parameters(module: nn.Module):
     with torch.no_grad():
         for p in params:
             n = p.numel()
-            flat[off:off + n].copy_(p.reshape(-1))
-            p.data = flat[off:off + n].view_as(p)
-            p.grad = grad[off:off + n].view_as(p)
+            flat[off : off + n].copy_(p.reshape(-1))
+            p.data = flat[off : off + n].view_as(p)
+            p.grad = grad[off : off + n].view_as(p)
             off += n
     flat_param = nn.Parameter(flat)
     flat_param.grad = grad
@@ -90,8 +94,8 @@ class FlatAdam:
         g = self.param.grad
         self.t += 1
         b1, b2 = self.b1, self.b2
-        bc1 = 1.0 - b1 ** self.t
-        bc2 = 1.0 - b2 ** self.t
+        bc1 = 1.0 - b1**self.t
+        bc2 = 1.0 - b2**self.t
         with torch.no_grad():
             self.m.lerp_(g, 1.0 - b1)
             self.v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
@@ -99,13 +103,18 @@ class FlatAdam:
             self.param.addcdiv_(self.m, self._denom, value=-self.lr / bc1)
 
     def state_dict(self) -> dict:
-        return {"m": self.m.detach().cpu().clone(), "v": self.v.detach().cpu().clone(), "t": self.t,
-                "lr": self.lr, "eps": self.eps, "betas": (self.b1, self.b2)}
+        return {
+            "m": self.m.detach().cpu().clone(),
+            "v": self.v.detach().cpu().clone(),
+            "t": self.t,
+            "lr": self.lr,
+            "eps": self.eps,
+            "betas": (self.b1, self.b2),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state["m"].shape != self.m.shape:
-            raise ValueError(f"optimiser state for {state['m'].numel()} parameters, the policy has "
-                             f"{self.m.numel()}")
+            raise ValueError(f"optimiser state for {state['m'].numel()} parameters, the policy has {self.m.numel()}")
         with torch.no_grad():
             self.m.copy_(state["m"])
             self.v.copy_(state["v"])
@@ -145,107 +154,23 @@ def warm_up_torch() -> None:
         _WARM = True
 
 
-class _EpisodeTracker:
-    """Episode returns and lengths from a rollout's rewards and flags, vectorised over
-    time (a Python loop only over the episodes that ended)."""
-
-    def __init__(self, n: int, window: int):
-        self.ret = np.zeros(n)
-        self.len = np.zeros(n, np.int64)
-        self.window = collections.deque(maxlen=window)
-        self.recent_returns: list[float] = []
-        self.recent_lengths: list[int] = []
-        self.episodes = 0
-
-    def update(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
-        T = rewards.shape[0]
-        done = terminated | truncated
-        if not done.any():
-            self.ret += rewards.sum(0)
-            self.len += T
-            return
-        cum = np.cumsum(rewards, 0)
-        base_r = np.zeros_like(self.ret)
-        base_t = np.zeros_like(self.len)
-        ts, ns = np.nonzero(done)
-        for t, n in zip(ts.tolist(), ns.tolist()):
-            r = float(self.ret[n] + cum[t, n] - base_r[n])
-            length = int(self.len[n] + t + 1 - base_t[n])
-            self.window.append(r)
-            self.recent_returns.append(r)
-            self.recent_lengths.append(length)
-            self.ret[n] = 0.0
-            self.len[n] = 0
-            base_r[n] = cum[t, n]
-            base_t[n] = t + 1
-        self.episodes += len(ts)
-        self.ret += cum[-1] - base_r
-        self.len += T - base_t
-
-    def mean(self):
-        return float(np.mean(self.window)) if self.window else None
-
-    def full(self) -> bool:
-        return len(self.window) == self.window.maxlen
-
-    def drain(self):
-        r, l = self.recent_returns, self.recent_lengths
-        self.recent_returns, self.recent_lengths = [], []
-        return r, l
-
-    def restart_envs(self) -> None:
-        """The envs were reset: the episodes in progress are dropped, not counted."""
-        self.ret[:] = 0.0
-        self.len[:] = 0
-
-    def state(self) -> dict:
-        return {"window": list(self.window), "episodes": self.episodes,
-                "recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths)}
-
-    def load(self, state: dict) -> None:
-        self.window.clear()
-        self.window.extend(state["window"])
-        self.episodes = int(state["episodes"])
-        self.recent_returns = list(state["recent_returns"])
-        self.recent_lengths = list(state["recent_lengths"])
-
-
-class _RewardScaler:
-    """SB3 VecNormalize-style reward scaling: divide by the running std of the
-    discounted return (per env), clip to +-10."""
-
-    def __init__(self, n: int, gamma: float, clip: float = 10.0, eps: float = 1e-8):
-        self.acc = np.zeros(n)
-        self.gamma, self.clip, self.eps = gamma, clip, eps
-        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
-
-    def state(self) -> dict:
-        return {"mean": self.mean, "var": self.var, "count": self.count}
-
-    def load(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
-
-    def __call__(self, rewards, done) -> np.ndarray:
-        T = rewards.shape[0]
-        rets = np.empty_like(rewards)
-        for t in range(T):
-            self.acc = self.acc * self.gamma + rewards[t]
-            rets[t] = self.acc
-            self.acc[done[t]] = 0.0
-        b_mean, b_var, n = rets.mean(), rets.var(), rets.size
-        delta = b_mean - self.mean
-        tot = self.count + n
-        self.mean += delta * n / tot
-        self.var = (self.var * self.count + b_var * n + delta ** 2 * self.count * n / tot) / tot
-        self.count = tot
-        return np.clip(rewards / math.sqrt(self.var + self.eps), -self.clip, self.clip).astype(np.float32)
-
-
 class PPO:
     """The trainer's state: storage, policy, optimiser, rollout, statistics; ``collect``
-    runs a rollout, ``prepare`` computes its targets, ``update`` learns from it."""
+    runs a rollout, ``prepare`` computes its targets, ``update`` learns from it.
 
-    def __init__(self, cfg: PPOConfig, storage, device: torch.device, policy: ActorCritic | None = None):
+    ``separate_buffers``: the learner's tensors are buffers of their own, filled by
+    copies from the storage's (``Rollout.copies``); None: exactly when ``device`` is not
+    the CPU. True on the CPU runs the GPU's copy path without one (the tests do)."""
+
+    def __init__(
+        self,
+        cfg: PPOConfig,
+        storage,
+        device: torch.device,
+        policy: ActorCritic | None = None,
+        *,
+        separate_buffers: bool | None = None,
+    ):
         self.cfg, self.storage, self.device = cfg, storage, device
         obs_space, act_space = storage.single_observation_space, storage.single_action_space
         # Threads first: results (even the initial weights) depend on the thread count.
@@ -253,27 +178,36 @@ class PPO:
         # Acting overlaps nothing but it runs right before each step: its threads must
         # leave the workers' cores free (they spin a while after each op; see
         # fastvec.doors.threads). Learning has the cores to itself.
-        workers = getattr(storage, "num_workers", None) or 0
+        workers = storage.num_workers or 0
         self.act_threads = cfg.torch_threads or (max(1, available_cores() - workers) if cnn else 1)
         self.learn_threads = cfg.learn_threads or cfg.torch_threads or (available_cores() if cnn else 1)
         self._threads = None
         self._set_threads(self.learn_threads)
         self.policy = policy or make_policy(
-            obs_space, act_space, hidden=cfg.hidden, activation=cfg.activation, ortho_init=cfg.ortho_init,
-            log_std_init=cfg.log_std_init, normalize_obs=cfg.normalize_obs)
+            obs_space,
+            act_space,
+            hidden=cfg.hidden,
+            activation=cfg.activation,
+            ortho_init=cfg.ortho_init,
+            log_std_init=cfg.log_std_init,
+            normalize_obs=cfg.normalize_obs,
+        )
         self.policy.to(device)
         self.flat_param, self.flat_grad = flatten_parameters(self.policy)
         self.opt = FlatAdam(self.flat_param, cfg.lr, cfg.adam_eps)
         self.np_learner = self._numpy_learner()
         self.T, self.N = cfg.n_steps, storage.num_envs
-        self.rollout = Rollout(storage, self.policy, self.T, device)
+        self.rollout = Rollout(storage, self.policy, self.T, device, copies=separate_buffers)
         self._group_views = self._views_by_group()
-        self.tracker = _EpisodeTracker(self.N, cfg.return_window)
-        self.reward_scaler = _RewardScaler(self.N, cfg.gamma) if cfg.normalize_reward else None
+        self.tracker = EpisodeTracker(self.N, cfg.return_window)
+        self.reward_scaler = RewardScaler(self.N, cfg.gamma) if cfg.normalize_reward else None
         self.env_steps = 0
         self.updates = 0
         self.curve: list[tuple[int, float]] = []
         self.stats: dict = {}
+        self.grad_steps = 0  # minibatch gradient steps taken, over the whole run
+        self.learn_samples = 0  # samples those steps learned from (the learner's speed: per t_learn)
+        self.last_stats: tuple | None = None  # the last update's (stats, lr, clip, epochs, early stop)
         self.t_act = self.t_env = self.t_learn = self.t_prep = 0.0
         self.busy = DeviceBusy(device)
         self._batch = self.T * self.N
@@ -288,9 +222,10 @@ class PPO:
         normaliser is part of the policy's state dict."""
         return {
             "optimizer": self.opt.state_dict(),
-            "env_steps": self.env_steps, "updates": self.updates,
-            "grad_steps": getattr(self, "grad_steps", 0),
-            "learn_samples": getattr(self, "_learn_samples", 0),
+            "env_steps": self.env_steps,
+            "updates": self.updates,
+            "grad_steps": self.grad_steps,
+            "learn_samples": self.learn_samples,
             "tracker": self.tracker.state(),
             "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state(),
             "times": {"act": self.t_act, "env": self.t_env, "prepare": self.t_prep, "learn": self.t_learn},
@@ -303,7 +238,7 @@ class PPO:
         envs must be reset afterwards (``restart_envs``)."""
         self.opt.load_state_dict(state["optimizer"])
         self.env_steps, self.updates = int(state["env_steps"]), int(state["updates"])
-        self.grad_steps, self._learn_samples = int(state["grad_steps"]), int(state["learn_samples"])
+        self.grad_steps, self.learn_samples = int(state["grad_steps"]), int(state["learn_samples"])
         self.tracker.load(state["tracker"])
         if (state["reward_scaler"] is None) != (self.reward_scaler is None):
             raise ValueError("the checkpoint's normalize_reward differs from the config's")
@@ -347,39 +282,13 @@ class PPO:
         """One rollout of T steps on every env (see the module docstring)."""
         ro, T = self.rollout, self.T
         self._set_threads(self.act_threads)
-        policy_act = self.policy.act_
-        step = self.storage.step
-        obs_s, act_s, noise_s, raw_s = ro.obs_slots, ro.act_slots, ro.noise_slots, ro.raw_slots
-        logp_s, val_s = ro.logp_slots, ro.value_slots
-        perf = time.perf_counter
-        t_act = t_env = 0.0
         with torch.inference_mode():
             self.policy.dist.sample_noise(ro.noise)
             if self._group_views is not None:
                 t_act, t_env = self._collect_groups()
-            elif ro.cuda:
-                obs_h, act_h = ro.obs_host_slots, ro.act_host_slots
-                begin, end = self.busy.begin, self.busy.end
-                for t in range(T):
-                    t0 = perf()
-                    span = begin()
-                    obs_s[t].copy_(obs_h[t], non_blocking=True)
-                    policy_act(obs_s[t], noise_s[t], act_s[t + 1], raw_s[t], logp_s[t], val_s[t])
-                    end(span)
-                    act_h[t + 1].copy_(act_s[t + 1])  # synchronous: the env needs it now
-                    t1 = perf()
-                    step(t + 1)
-                    t_env += perf() - t1
-                    t_act += t1 - t0
-                obs_s[T].copy_(obs_h[T], non_blocking=True)
             else:
-                for t in range(T):
-                    t0 = perf()
-                    policy_act(obs_s[t], noise_s[t], act_s[t + 1], raw_s[t], logp_s[t], val_s[t])
-                    t1 = perf()
-                    step(t + 1)
-                    t_env += perf() - t1
-                    t_act += t1 - t0
+                t_act, t_env = self._collect_lockstep()
+            ro.last_obs_to_device()
         self.t_act += t_act
         self.t_env += t_env
         self.last_env_latency = t_env / T
@@ -393,21 +302,38 @@ class PPO:
             self.curve.append((self.env_steps, tr.mean()))
             thin(self.curve)  # bounded, however long the run
 
+    def _collect_lockstep(self) -> tuple[float, float]:
+        """The rollout with every env stepping at once: act on step t's observations,
+        then step them all. With separate device buffers the observations go to the
+        device before acting and the actions come back after it (``busy`` times that
+        span on the device)."""
+        policy_act, step, copies = self.policy.act_, self.storage.step, self.rollout.copies
+        begin, end = self.busy.begin, self.busy.end
+        perf = time.perf_counter
+        t_act = t_env = 0.0
+        for t, slots in enumerate(self.rollout.steps):
+            obs, obs_h, noise, act, act_h, raw, logp, val = slots
+            t0 = perf()
+            if copies:
+                span = begin()
+                obs.copy_(obs_h, non_blocking=True)
+            policy_act(obs, noise, act, raw, logp, val)
+            if copies:
+                end(span)
+                act_h.copy_(act)  # synchronous: the env needs it now
+            t1 = perf()
+            step(t + 1)
+            t_env += perf() - t1
+            t_act += t1 - t0
+        return t_act, t_env
+
     def _views_by_group(self):
-        """Per group, per step t: the rows of that group's envs in what acting reads
-        and writes at t (made once: no slicing in the hot loop); None in lock-step."""
-        groups = getattr(self.storage, "groups", None)
-        if groups is None or len(groups) < 2:
+        """Per group, per step t: that group's rows of what acting reads and writes at t
+        (``StepSlots``, made once: no slicing in the hot loop); None in lock-step."""
+        groups = self.storage.groups
+        if len(groups) < 2:
             return None
-        ro = self.rollout
-
-        def rows(seq, t, a, b):
-            return None if seq[t] is None else seq[t][a:b]
-
-        return [[(rows(ro.obs_slots, t, a, b), rows(ro.obs_host_slots, t, a, b), rows(ro.noise_slots, t, a, b),
-                  rows(ro.act_slots, t + 1, a, b), rows(ro.act_host_slots, t + 1, a, b),
-                  rows(ro.raw_slots, t, a, b), rows(ro.logp_slots, t, a, b), rows(ro.value_slots, t, a, b))
-                 for t in range(self.T)] for a, b in groups]
+        return [[slots.rows(a, b) for slots in self.rollout.steps] for a, b in groups]
 
     def _collect_groups(self) -> tuple[float, float]:
         """The rollout with batch groups: group g's step t is in flight while the
@@ -416,9 +342,9 @@ class PPO:
         drawn per rollout): results differ only by floating-point rounding of the
         smaller batches. A failure leaves other groups in flight: the engine's close
         collects them."""
-        ro, T, sto = self.rollout, self.T, self.storage
+        T, sto = self.T, self.storage
         policy_act, send, recv = self.policy.act_, sto.send, sto.recv
-        views, cuda = self._group_views, ro.cuda
+        views, copies = self._group_views, self.rollout.copies
         begin, end = self.busy.begin, self.busy.end
         perf = time.perf_counter
         t_act = t_env = 0.0
@@ -429,11 +355,11 @@ class PPO:
                     recv(g, t)
                 t1 = perf()
                 obs, obs_h, noise, act, act_h, raw, logp, val = by_step[t]
-                if cuda:
+                if copies:
                     span = begin()
                     obs.copy_(obs_h, non_blocking=True)
                 policy_act(obs, noise, act, raw, logp, val)
-                if cuda:
+                if copies:
                     end(span)
                     act_h.copy_(act)  # synchronous: the env needs it now
                 t2 = perf()
@@ -445,8 +371,6 @@ class PPO:
         for g in range(len(views)):
             recv(g, T)
         t_env += perf() - t0
-        if cuda:
-            ro.obs_slots[T].copy_(ro.obs_host_slots[T], non_blocking=True)
         return t_act, t_env
 
     # ------------------------------------------------------------------ targets
@@ -467,9 +391,8 @@ class PPO:
             ro.values.copy_(v.view(T + 1, N))
             ro.logp.copy_(pol.dist.log_prob(params[: T * N], ro.batch_actions()).view(T, N))
         else:
-            ro.values[T].copy_(pol.value(ro.obs_slots[T]))
-        if ro.cuda:
-            ro.values_host.copy_(ro.values)  # device -> pinned host, synchronous
+            ro.values[T].copy_(pol.value(ro.obs_dev[T]))
+        ro.values_to_host()
         term, trunc = b.terminated[1:], b.truncated[1:]
         np.copyto(ro.next_values_np, ro.values_np[1:])
         boot = trunc & ~term
@@ -480,11 +403,17 @@ class PPO:
         rewards = b.rewards[1:]
         if self.reward_scaler is not None:
             rewards = self.reward_scaler(rewards, term | trunc)
-        gae(rewards, ro.values_np[:T], ro.next_values_np, term, trunc, cfg.gamma, cfg.gae_lambda,
-            out=(ro.adv_np, ro.ret_np))
-        if ro.cuda:
-            ro.adv.copy_(torch.from_numpy(ro.adv_np), non_blocking=True)
-            ro.ret.copy_(torch.from_numpy(ro.ret_np), non_blocking=True)
+        gae(
+            rewards,
+            ro.values_np[:T],
+            ro.next_values_np,
+            term,
+            trunc,
+            cfg.gamma,
+            cfg.gae_lambda,
+            out=(ro.adv_np, ro.ret_np),
+        )
+        ro.targets_to_device()
         self.busy.end(span)
         self.t_prep += time.perf_counter() - t0
 
@@ -543,12 +472,22 @@ class PPO:
                 if npl is not None:
                     data_e, acts_e = data_e.numpy(), acts_e.numpy()
                 for start in range(0, B - 1, mb):
-                    rows = data_e[start:start + mb]
+                    rows = data_e[start : start + mb]
                     if rows.shape[0] < 2:
                         continue
-                    o = rows[:, :D] if packed_obs else obs_e[start:start + mb]
-                    if minibatch(o, acts_e[start:start + mb], rows[:, D], rows[:, D + 1], rows[:, D + 2],
-                                 rows[:, D + 3], clip, want_stats, target_kl, stats):
+                    o = rows[:, :D] if packed_obs else obs_e[start : start + mb]
+                    if minibatch(
+                        o,
+                        acts_e[start : start + mb],
+                        rows[:, D],
+                        rows[:, D + 1],
+                        rows[:, D + 2],
+                        rows[:, D + 3],
+                        clip,
+                        want_stats,
+                        target_kl,
+                        stats,
+                    ):
                         stop = True
                         break
                     # clip_grad_norm_ on the one flat gradient
@@ -560,12 +499,11 @@ class PPO:
                     break
         self.updates += 1
         self.busy.end(span)
-        if ro.cuda:
-            torch.cuda.synchronize()
+        self.busy.synchronize()  # the update's queued device work counts in t_learn
         self.t_learn += time.perf_counter() - t0
-        self._learn_samples = getattr(self, "_learn_samples", 0) + n_mb * mb
-        self.grad_steps = getattr(self, "grad_steps", 0) + n_mb
-        self._last_stats = (stats, lr, clip, epochs_done, stop)
+        self.learn_samples += n_mb * mb
+        self.grad_steps += n_mb
+        self.last_stats = (stats, lr, clip, epochs_done, stop)
 
     def _torch_minibatch(self, o, a, olp, adv_b, ret, ov, clip, want_stats, target_kl, stats) -> bool:
         """One minibatch's loss and gradient with autograd (``NumpyLearner.minibatch``'s
@@ -601,9 +539,9 @@ class PPO:
 
     def summarize(self) -> dict:
         """Losses etc. of the last update (reads tensors: call at logging time only)."""
-        if not hasattr(self, "_last_stats"):
+        if self.last_stats is None:
             return {}
-        stats, lr, clip, epochs_done, stop = self._last_stats
+        stats, lr, clip, epochs_done, stop = self.last_stats
         ro, T = self.rollout, self.T
 
         def mean(key):
@@ -616,10 +554,16 @@ class PPO:
             var_y = ret.var()
             ev = float(1.0 - (ret - v).var() / var_y) if var_y > 0 else float("nan")
         out = {
-            "losses/policy": mean("pg"), "losses/value": mean("v"), "losses/entropy": mean("ent"),
-            "losses/approx_kl": mean("kl"), "losses/clip_fraction": mean("cf"),
-            "losses/explained_variance": ev, "losses/learning_rate": lr, "losses/clip_coef": clip,
-            "losses/epochs": epochs_done, "losses/kl_early_stop": int(stop),
+            "losses/policy": mean("pg"),
+            "losses/value": mean("v"),
+            "losses/entropy": mean("ent"),
+            "losses/approx_kl": mean("kl"),
+            "losses/clip_fraction": mean("cf"),
+            "losses/explained_variance": ev,
+            "losses/learning_rate": lr,
+            "losses/clip_coef": clip,
+            "losses/epochs": epochs_done,
+            "losses/kl_early_stop": int(stop),
         }
         if isinstance(self.policy.dist, GaussianDist):
             out["losses/action_std"] = float(self.policy.dist.log_std.detach().exp().mean())

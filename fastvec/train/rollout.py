@@ -1,28 +1,67 @@
 """``Rollout``: the learner's tensors over a storage's ``[T + 1, N, ...]`` arrays."""
+
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from .host_memory import alloc
 from .policies import ActorCritic, GaussianDist
-from .storage import alloc
 
-__all__ = ["Rollout"]
+__all__ = ["Rollout", "StepSlots"]
+
+
+class StepSlots(NamedTuple):
+    """What acting reads and writes at one step ``t`` of a rollout (views made once: no
+    indexing in the hot loop). With zero copy ``obs is obs_host`` and ``act is act_host``."""
+
+    obs: torch.Tensor  # observation slot t, where the policy reads it
+    obs_host: torch.Tensor  # observation slot t, where the env wrote it
+    noise: torch.Tensor  # the sampling noise of step t
+    act: torch.Tensor  # action slot t + 1, where the policy writes it
+    act_host: torch.Tensor  # action slot t + 1, where the env reads it
+    raw: torch.Tensor | None  # the Gaussian's unclipped sample (None: categorical)
+    logp: torch.Tensor | None  # log-prob and value, where the policy gives them while
+    value: torch.Tensor | None  # acting (a shared trunk); None: computed per rollout
+
+    def rows(self, a: int, b: int) -> StepSlots:
+        """The same slots, for envs ``a`` to ``b`` (a batch group)."""
+        return StepSlots(*(None if x is None else x[a:b] for x in self))
 
 
 class Rollout:
     """Tensors over the storage's ``[T+1, N, ...]`` buffers plus the learner's own
     ``[T, N]`` arrays (values, log-probs, advantages, returns).
 
-    On CPU ``obs``, ``actions``, ``rewards``, ``terminated``, ``truncated`` and
-    ``final_obs`` are ``torch.from_numpy`` views of the storage's buffers (for the engine:
-    its shared memory). With CUDA, ``obs_dev`` is a device buffer filled slot by slot
-    as the policy acts, and the categorical actions are sampled on the device.
+    Zero copy (on the CPU): ``obs``, ``actions``, ``rewards``, ``terminated``,
+    ``truncated`` and ``final_obs`` are ``torch.from_numpy`` views of the storage's
+    buffers (for the engine: its shared memory), and the learner's tensors are its
+    numpy arrays. With separate device buffers (``copies``: on a GPU, and on the CPU
+    when asked, which is how the tests run this path without one) ``obs_dev`` is a
+    buffer of its own filled slot by slot as the policy acts, the actions are sampled
+    there and copied to the env's slot, and values, advantages and returns are copied
+    between the device and the host arrays ``fastvec.gae`` works on.
+
+    ``copies``: None for "exactly when ``device`` is not the CPU"; ``pin``: page-lock
+    the host arrays (None: exactly on CUDA).
     """
 
-    def __init__(self, storage, policy: ActorCritic, T: int, device: torch.device):
+    def __init__(
+        self,
+        storage,
+        policy: ActorCritic,
+        T: int,
+        device: torch.device,
+        copies: bool | None = None,
+        pin: bool | None = None,
+    ):
         self.storage, self.T, self.N, self.device = storage, T, storage.num_envs, device
-        self.cuda = device.type == "cuda"
+        if device.type != "cpu" and copies is False:
+            raise ValueError(f"zero copy needs the learner on the CPU, not {device}")
+        self.copies = device.type != "cpu" if copies is None else bool(copies)
+        pin = device.type == "cuda" if pin is None else pin
         self.obs = torch.from_numpy(storage.obs)  # [T+1, N, *obs_shape]
         self.final_obs = torch.from_numpy(storage.final_obs)
         self.act = torch.from_numpy(storage.act)  # [T+1, N, *act_shape], what the env gets
@@ -33,7 +72,6 @@ class Rollout:
         dist = policy.dist
         self.gaussian = isinstance(dist, GaussianDist)
         dev = device
-        pin = self.cuda
         # Learner-side arrays (numpy views kept for fastvec.gae).
         self.values_np = alloc((T + 1, N), np.float32, pin)
         self.next_values_np = alloc((T, N), np.float32, pin)
@@ -41,7 +79,7 @@ class Rollout:
         self.ret_np = alloc((T, N), np.float32, pin)
         self.values_host = torch.from_numpy(self.values_np)
         self.next_values_host = torch.from_numpy(self.next_values_np)
-        if self.cuda:
+        if self.copies:
             self.obs_dev = torch.empty(self.obs.shape, dtype=self.obs.dtype, device=dev)
             act_dtype = torch.float32 if self.gaussian else torch.int64
             self.act_dev = torch.empty(self.act.shape, dtype=act_dtype, device=dev)
@@ -57,18 +95,42 @@ class Rollout:
         self.logp = torch.empty((T, N), device=dev)
         self.raw = torch.empty((T, N, dist.dim), device=dev) if self.gaussian else None
         self.noise = torch.empty((T, *dist.noise_shape(N)), device=dev)
-        # Per-slot views, made once (no per-step indexing in the hot loop).
-        self.obs_slots = list(self.obs_dev.unbind(0))
-        self.obs_host_slots = list(self.obs.unbind(0))
-        self.act_slots = list(self.act_dev.unbind(0))
-        self.act_host_slots = list(self.act.unbind(0))
-        self.noise_slots = list(self.noise.unbind(0))
-        self.raw_slots = list(self.raw.unbind(0)) if self.gaussian else [None] * T
-        if policy.values_at_act:
-            self.logp_slots = list(self.logp.unbind(0))
-            self.value_slots = list(self.values.unbind(0))
-        else:
-            self.logp_slots = self.value_slots = [None] * T
+        at_act = policy.values_at_act
+        self.steps = [
+            StepSlots(
+                self.obs_dev[t],
+                self.obs[t],
+                self.noise[t],
+                self.act_dev[t + 1],
+                self.act[t + 1],
+                self.raw[t] if self.gaussian else None,
+                self.logp[t] if at_act else None,
+                self.values[t] if at_act else None,
+            )
+            for t in range(T)
+        ]
+
+    @property
+    def cuda(self) -> bool:
+        """The learner's device is a GPU."""
+        return self.device.type == "cuda"
+
+    # The copies between the host arrays and separate device buffers (no-ops with zero copy).
+    def last_obs_to_device(self) -> None:
+        """Observation slot T (where the next rollout starts) to the device."""
+        if self.copies:
+            self.obs_dev[self.T].copy_(self.obs[self.T], non_blocking=True)
+
+    def values_to_host(self) -> None:
+        """The values to the host array ``fastvec.gae`` reads (synchronous)."""
+        if self.copies:
+            self.values_host.copy_(self.values)
+
+    def targets_to_device(self) -> None:
+        """The advantages and returns ``fastvec.gae`` wrote to the device."""
+        if self.copies:
+            self.adv.copy_(torch.from_numpy(self.adv_np), non_blocking=True)
+            self.ret.copy_(torch.from_numpy(self.ret_np), non_blocking=True)
 
     # what the learner trains on
     def batch_obs(self) -> torch.Tensor:

@@ -1,31 +1,110 @@
 """Rollout storage: where the trainer's rollouts live, one protocol for every source.
 
-A storage has ``num_envs``, ``num_workers``, ``single_observation_space``,
-``single_action_space``, ``kind``, ``worker_pids``, ``restarts`` and ``[T + 1, N, ...]`` arrays
-``obs``, ``final_obs``, ``act``, ``rewards``, ``terminated`` and ``truncated``;
-``reset(seed)`` writes the first observations into slot 0, ``step(t)`` steps every env
-on the actions in ``act[t]`` and writes step t's results into slot ``t`` (``final_obs``
-where an episode ended), ``arrays()`` lists what to page-lock for CUDA and ``close()``.
+``RolloutStorage`` declares everything the loop and ``PPO`` use of a storage: the spaces,
+``num_envs``, the ``[T + 1, N, ...]`` arrays ``obs``, ``final_obs``, ``act``, ``rewards``,
+``terminated`` and ``truncated``; ``reset(seed)`` writes the first observations into slot
+0, ``step(t)`` steps every env on the actions in ``act[t]`` and writes step t's results
+into slot ``t`` (``final_obs`` where an episode ended), ``send``/``recv`` do the same per
+batch group, ``arrays()`` lists what to page-lock for CUDA, and ``close()``.
 
-- ``EngineStorage``: the engine's own shared memory, zero copy;
+- ``EngineStorage``: the engine's own shared memory, zero copy (``RayEngineStorage``: a
+  ``fastvec.ray.RayEngine``'s, whose workers are on other nodes);
 - ``GymVectorStorage``, ``SB3VecStorage`` (``storage_for(venv)`` picks one): own arrays
   of the same layout, filled from a vector env the caller owns (how the benchmarks
   compare the transports).
 
-``HostPin`` page-locks arrays for asynchronous copies to a GPU.
+``HostPin`` (page-locking for asynchronous copies to a GPU) lives in ``host_memory``.
 """
+
 from __future__ import annotations
 
-import mmap
-import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-import torch
 
-from .._core.layout import leaves_of
 from .._core.base import IN_SLOT
+from .._core.layout import leaves_of
+from .host_memory import HostPin, alloc
 
-__all__ = ["EngineStorage", "GymVectorStorage", "SB3VecStorage", "storage_for", "HostPin"]
+__all__ = [
+    "RolloutStorage",
+    "EngineStorage",
+    "RayEngineStorage",
+    "GymVectorStorage",
+    "SB3VecStorage",
+    "storage_for",
+    "HostPin",
+]
+
+
+@runtime_checkable
+class RolloutStorage(Protocol):
+    """What ``fastvec.train.loop.train`` and ``fastvec.train.ppo.PPO`` use of a storage."""
+
+    kind: str
+    """The backend's name in the result (``backend``): fastvec, fastvec-ray, gymnasium, subproc."""
+    num_envs: int
+    num_workers: int | None
+    """Worker processes stepping the envs (None: unknown); acting leaves their cores free."""
+    single_observation_space: Any
+    single_action_space: Any
+    obs: np.ndarray
+    final_obs: np.ndarray
+    act: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    on_restart: Callable[[], None] | None
+    """Called after a step in which a worker was replaced (the loop limits restarts)."""
+
+    @property
+    def groups(self) -> list[tuple[int, int]]:
+        """The batch groups' env ranges ``(a, b)``; ``[(0, num_envs)]`` in lock-step."""
+        ...
+
+    @property
+    def restarts(self) -> list[dict]:
+        """One record per worker replaced so far (``restart_on_error``)."""
+        ...
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Pids of the local worker processes to watch (health metrics); [] for none."""
+        ...
+
+    def arrays(self) -> list[np.ndarray]:
+        """The arrays to page-lock for CUDA ([]: none, or already pinned)."""
+        ...
+
+    def reset(self, seed: int | None) -> None:
+        """Reset every env (env i with ``seed + i``) into slot 0."""
+        ...
+
+    def step(self, slot: int) -> None:
+        """Step every env on the actions in ``act[slot]``; the results land in ``slot``."""
+        ...
+
+    def send(self, g: int, slot: int) -> None:
+        """Start group g's step on ``act[slot, a:b]`` and return at once."""
+        ...
+
+    def recv(self, g: int, slot: int) -> None:
+        """Wait for group g's step started by ``send(g, slot)``."""
+        ...
+
+    def lost_wakeups(self) -> int | None:
+        """Sleeps no doorbell ended so far (``Engine.wait_counts``); None off the engine."""
+        ...
+
+    def transport(self) -> dict:
+        """How the envs were reached, for the result: ``num_workers``, ``main_spin_us``,
+        ``env_groups``, ``backend``."""
+        ...
+
+    def close(self) -> None:
+        """Release what the storage owns (an engine it was given; never a caller's venv)."""
+        ...
 
 
 def _single_leaf(space, what: str):
@@ -40,9 +119,10 @@ def _single_leaf(space, what: str):
 
 class EngineStorage:
     """Rollout storage = an engine's shared memory (zero copy): a ``fastvec.engine.Engine``
-    or a ``fastvec.ray.RayEngine`` started with ``num_slots = n_steps + 1`` and
-    ``autoreset_mode="same_step"``. Closing the storage closes the engine (it also does
-    when the spaces do not suit the trainer)."""
+    (``RayEngineStorage`` for a ``fastvec.ray.RayEngine``) started with ``num_slots =
+    n_steps + 1`` and ``autoreset_mode="same_step"``. Closing the storage closes the
+    engine (it also does when the spaces do not suit the trainer). ``kind`` names the
+    backend in the result; ``groups``: the batch groups (``TransportConfig.env_groups``)."""
 
     def __init__(self, engine, kind: str = "fastvec", groups: int = 1):
         self.kind = kind
@@ -51,8 +131,9 @@ class EngineStorage:
             _single_leaf(eng.single_observation_space, "observation")
             _single_leaf(eng.single_action_space, "action")
             if eng.autoreset_mode != "same_step":
-                raise ValueError(f"the PPO trainer needs an engine with autoreset_mode='same_step', "
-                                 f"got {eng.autoreset_mode!r}")
+                raise ValueError(
+                    f"the PPO trainer needs an engine with autoreset_mode='same_step', got {eng.autoreset_mode!r}"
+                )
             self.groups, self._group_workers = self._batch_groups(groups)
         except ValueError:
             eng.close()
@@ -69,7 +150,7 @@ class EngineStorage:
         self.truncated = eng.truncated
         self._step_async = eng.step_async
         self._step_wait = eng.step_wait
-        self.on_restart = None  # called after a step in which the engine replaced a worker
+        self.on_restart: Callable[[], None] | None = None  # called after a step in which the engine replaced a worker
         self._restarts_seen = 0
 
     @property
@@ -79,8 +160,7 @@ class EngineStorage:
 
     @property
     def worker_pids(self) -> list[int]:
-        # Ray actors run on their own nodes: their pids mean nothing to this machine's psutil.
-        return self.engine.worker_pids if self.kind == "fastvec" else []
+        return self.engine.worker_pids
 
     def arrays(self) -> list[np.ndarray]:
         return [self.obs, self.final_obs, self.act, self.rewards, self.terminated, self.truncated]
@@ -100,7 +180,7 @@ class EngineStorage:
             if self.on_restart is not None:
                 self.on_restart()
 
-    # Batch groups (``PPOConfig.env_groups``): ``groups`` lists each group's envs
+    # Batch groups (``TransportConfig.env_groups``): ``groups`` lists each group's envs
     # ``(a, b)``; ``send(g, slot)`` starts group g's step on the actions the policy wrote
     # into ``act[slot, a:b]`` and returns at once, ``recv(g, slot)`` waits for it. The
     # results land in the same ``[T + 1, N]`` arrays as a lock-step ``step(slot)``'s.
@@ -109,8 +189,10 @@ class EngineStorage:
         if groups == 1:
             return [(0, n)], None
         if not hasattr(self.engine, "group_send"):
-            raise ValueError(f"env_groups={groups} needs the engine backend ({type(self.engine).__name__} "
-                             "steps every env in lock-step)")
+            raise ValueError(
+                f"env_groups={groups} needs the engine backend ({type(self.engine).__name__} "
+                "steps every env in lock-step)"
+            )
         if n % groups:
             raise ValueError(f"env_groups={groups} must divide num_envs={n}")
         size = n // groups
@@ -124,19 +206,56 @@ class EngineStorage:
         self.engine.group_recv(self._group_workers[g], slot, slot - 1)
         self._after_step()
 
+    def lost_wakeups(self) -> int | None:
+        counts = self.engine.wait_counts()
+        return counts["parent"]["lost"] + sum(w["lost"] for w in counts["workers"])
+
+    def transport(self) -> dict:
+        return {
+            "num_workers": self.num_workers,
+            "main_spin_us": self.engine.main_spin_us,
+            "env_groups": len(self.groups),
+            "backend": self.kind,
+        }
+
     def close(self) -> None:
         self.engine.close()
 
 
-def alloc(shape, dtype, pin: bool) -> np.ndarray:
-    if pin:
-        t = torch.empty(shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype, pin_memory=True)
-        return t.numpy()
-    return np.zeros(shape, dtype)
+class RayEngineStorage(EngineStorage):
+    """``EngineStorage`` over a ``fastvec.ray.RayEngine``: its workers are actors on their
+    own nodes (their pids mean nothing to this machine's psutil), it keeps no wait counts
+    and its actors' engines choose their own waits (``main_spin_us`` None); lock-step only."""
+
+    def __init__(self, engine):
+        super().__init__(engine, kind="fastvec-ray")
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return []
+
+    def lost_wakeups(self) -> None:
+        return None
+
+    def transport(self) -> dict:
+        return {
+            "num_workers": self.num_workers,
+            "main_spin_us": None,
+            "env_groups": len(self.groups),
+            "backend": self.kind,
+        }
 
 
 class _CopyStorage:
-    """Own buffers with the engine's layout, filled from another vector env."""
+    """Own buffers with the engine's layout, filled from another vector env, which steps
+    every env in lock-step: one batch group, no restarts of its own, no wait counts."""
+
+    kind: str
+    num_envs: int
+    num_workers: int | None
+    single_observation_space: Any
+    single_action_space: Any
+    on_restart: Callable[[], None] | None = None  # never called: the vector env restarts nothing here
 
     def _alloc_arrays(self, num_slots: int, pin: bool) -> None:
         _single_leaf(self.single_observation_space, "observation")
@@ -156,8 +275,26 @@ class _CopyStorage:
     def restarts(self) -> list[dict]:  # the caller's vector env does its own fault handling
         return []
 
+    @property
+    def groups(self) -> list[tuple[int, int]]:
+        return [(0, self.num_envs)]
+
+    step: Callable[[int], None]  # each vector env's own: step it on act[slot], copy its results into slot
+
     def arrays(self) -> list[np.ndarray]:
         return []  # already pinned at allocation when needed
+
+    def send(self, g: int, slot: int) -> None:
+        self.step(slot)  # the only group: the whole step, done when this returns
+
+    def recv(self, g: int, slot: int) -> None:
+        pass  # send's step is already done
+
+    def lost_wakeups(self) -> None:
+        return None
+
+    def transport(self) -> dict:
+        return {"num_workers": self.num_workers, "main_spin_us": None, "env_groups": 1, "backend": self.kind}
 
     def close(self) -> None:  # the caller owns the vector env
         pass
@@ -258,7 +395,8 @@ class SB3VecStorage(_CopyStorage):
                 if final is None:
                     raise ValueError(
                         f"{type(self.venv).__name__} does not report the final observation of an "
-                        "ended episode (infos[i]['terminal_observation']); the trainer needs it")
+                        "ended episode (infos[i]['terminal_observation']); the trainer needs it"
+                    )
                 self.final_obs[slot, i] = final
                 if len(out) == 4 and info.get("TimeLimit.truncated", False):
                     self.truncated[slot, i] = True
@@ -276,36 +414,7 @@ def storage_for(venv, num_slots: int, pin: bool = False):
     raise ValueError(f"cannot train on {type(venv).__name__}: give a gymnasium VectorEnv or an SB3 VecEnv")
 
 
-class HostPin:
-    """Page-locks the memory under ``arrays`` with ``cudaHostRegister`` (one region:
-    the arrays are carved out of one segment and share pages, and CUDA refuses to
-    register a page twice); ``release()`` unregisters (before the engine closes)."""
+if TYPE_CHECKING:  # each storage implements the protocol (a type checker verifies it here)
 
-    def __init__(self, arrays):
-        self.ptr = None
-        arrays = [a for a in arrays if a is not None and a.nbytes]
-        if not arrays:
-            return
-        page = mmap.PAGESIZE
-        lo = min(a.ctypes.data for a in arrays)
-        hi = max(a.ctypes.data + a.nbytes for a in arrays)
-        start, end = lo - lo % page, -(-hi // page) * page
-        err = torch.cuda.cudart().cudaHostRegister(start, end - start, 0)
-        code = int(getattr(err, "value", err))
-        if code != 0:
-            warnings.warn(f"cudaHostRegister failed (error {code}); rollout copies will not be asynchronous")
-            return
-        self.ptr, self.nbytes = start, end - start
-
-    @property
-    def pinned(self) -> bool:
-        return self.ptr is not None
-
-    def release(self) -> None:
-        if self.ptr is not None:
-            torch.cuda.synchronize()  # no copy from these pages may still be in flight
-            err = torch.cuda.cudart().cudaHostUnregister(self.ptr)
-            self.ptr = None
-            code = int(getattr(err, "value", err))
-            if code != 0:
-                warnings.warn(f"cudaHostUnregister failed (error {code})")
+    def _implements(s: EngineStorage | RayEngineStorage | GymVectorStorage | SB3VecStorage) -> RolloutStorage:
+        return s

@@ -1,0 +1,112 @@
+"""Statistics PPO keeps across rollouts: episode returns and lengths, and the running
+scale of the discounted return that reward normalisation divides by. Both are saved in
+the train state, so a resumed run continues them."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+
+__all__ = ["EpisodeTracker", "RewardScaler"]
+
+
+class EpisodeTracker:
+    """Episode returns and lengths from a rollout's rewards and flags, vectorised over
+    time (a Python loop only over the episodes that ended)."""
+
+    def __init__(self, n: int, window: int):
+        self.ret = np.zeros(n)
+        self.len = np.zeros(n, np.int64)
+        self.window = collections.deque(maxlen=window)
+        self.recent_returns: list[float] = []
+        self.recent_lengths: list[int] = []
+        self.episodes = 0
+
+    def update(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
+        T = rewards.shape[0]
+        done = terminated | truncated
+        if not done.any():
+            self.ret += rewards.sum(0)
+            self.len += T
+            return
+        cum = np.cumsum(rewards, 0)
+        base_r = np.zeros_like(self.ret)
+        base_t = np.zeros_like(self.len)
+        ts, ns = np.nonzero(done)
+        for t, n in zip(ts.tolist(), ns.tolist()):
+            r = float(self.ret[n] + cum[t, n] - base_r[n])
+            length = int(self.len[n] + t + 1 - base_t[n])
+            self.window.append(r)
+            self.recent_returns.append(r)
+            self.recent_lengths.append(length)
+            self.ret[n] = 0.0
+            self.len[n] = 0
+            base_r[n] = cum[t, n]
+            base_t[n] = t + 1
+        self.episodes += len(ts)
+        self.ret += cum[-1] - base_r
+        self.len += T - base_t
+
+    def mean(self):
+        return float(np.mean(self.window)) if self.window else None
+
+    def full(self) -> bool:
+        return len(self.window) == self.window.maxlen
+
+    def drain(self):
+        returns, lengths = self.recent_returns, self.recent_lengths
+        self.recent_returns, self.recent_lengths = [], []
+        return returns, lengths
+
+    def restart_envs(self) -> None:
+        """The envs were reset: the episodes in progress are dropped, not counted."""
+        self.ret[:] = 0.0
+        self.len[:] = 0
+
+    def state(self) -> dict:
+        return {
+            "window": list(self.window),
+            "episodes": self.episodes,
+            "recent_returns": list(self.recent_returns),
+            "recent_lengths": list(self.recent_lengths),
+        }
+
+    def load(self, state: dict) -> None:
+        self.window.clear()
+        self.window.extend(state["window"])
+        self.episodes = int(state["episodes"])
+        self.recent_returns = list(state["recent_returns"])
+        self.recent_lengths = list(state["recent_lengths"])
+
+
+class RewardScaler:
+    """SB3 VecNormalize-style reward scaling: divide by the running std of the
+    discounted return (per env), clip to +-10."""
+
+    def __init__(self, n: int, gamma: float, clip: float = 10.0, eps: float = 1e-8):
+        self.acc = np.zeros(n)
+        self.gamma, self.clip, self.eps = gamma, clip, eps
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
+
+    def state(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+
+    def __call__(self, rewards, done) -> np.ndarray:
+        T = rewards.shape[0]
+        rets = np.empty_like(rewards)
+        for t in range(T):
+            self.acc = self.acc * self.gamma + rewards[t]
+            rets[t] = self.acc
+            self.acc[done[t]] = 0.0
+        b_mean, b_var, n = rets.mean(), rets.var(), rets.size
+        delta = b_mean - self.mean
+        tot = self.count + n
+        self.mean += delta * n / tot
+        self.var = (self.var * self.count + b_var * n + delta**2 * self.count * n / tot) / tot
+        self.count = tot
+        return np.clip(rewards / math.sqrt(self.var + self.eps), -self.clip, self.clip).astype(np.float32)
