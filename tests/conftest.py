@@ -7,8 +7,10 @@ when this process created the segment: every ``shm_open(..., O_CREAT)`` made her
 recorded by wrapping ``_posixshmem.shm_open`` (``SharedMemory`` calls it through the
 module, so the wrapper sees segments made through it or directly).
 """
+
 from __future__ import annotations
 
+import _posixshmem
 import gc
 import os
 import sys
@@ -16,8 +18,6 @@ import time
 
 import psutil
 import pytest
-
-import _posixshmem
 
 sys.path.insert(0, os.path.dirname(__file__))  # `import envs` from any start method
 
@@ -35,8 +35,11 @@ def pytest_sessionstart(session):
 
         repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         if os.path.abspath(fastvec.__file__).startswith(repo + os.sep):
-            pytest.exit(f"fastvec was imported from the source tree ({fastvec.__file__}), "
-                        "not from the installed package", returncode=4)
+            pytest.exit(
+                f"fastvec was imported from the source tree ({fastvec.__file__}), not from the installed package",
+                returncode=4,
+            )
+
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "fastvec_"

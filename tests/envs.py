@@ -5,10 +5,11 @@ same seed and fed the same actions produce the same trajectory, in this process 
 worker. They live in a module (not in a test file) so that cloudpickle pickles them by
 reference and any start method can rebuild them.
 """
+
 from __future__ import annotations
 
-import numpy as np
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
 
 
@@ -148,8 +149,7 @@ class RandomEndEnv(gym.Env):
         elif kind == 2:
             info = {"arr": self.x * 2.0, "f32": np.float32(self.x[1])}
         elif kind == 3:
-            info = {"nested": {"a": self.t, "b": self.x.astype(np.float32),
-                               "deep": {"flag": bool(a == 2)}}}
+            info = {"nested": {"a": self.t, "b": self.x.astype(np.float32), "deep": {"flag": bool(a == 2)}}}
         else:
             info = {"num": float(self.x[1]), "text": f"step-{self.t}"}
         reward = float(self.x.sum() + a)
@@ -390,9 +390,16 @@ class SteadyInfoEnv(gym.Env):
     def step(self, action):
         self._t += 1
         x = self.np_random.normal(size=3).astype(np.float32)
-        info = {"lives": int(self._t % 5), "x": float(x[0]), "flag": bool(x[1] > 0),
-                "f32": np.float32(x[2]), "f16": np.float16(x[1]), "i8": np.int8(-self._t % 100),
-                "u32": np.uint32(self._t * 7), "frame": np.int64(self._t)}
+        info = {
+            "lives": int(self._t % 5),
+            "x": float(x[0]),
+            "flag": bool(x[1] > 0),
+            "f32": np.float32(x[2]),
+            "f16": np.float16(x[1]),
+            "i8": np.int8(-self._t % 100),
+            "u32": np.uint32(self._t * 7),
+            "frame": np.int64(self._t),
+        }
         terminated = bool(self.np_random.random() < 0.05)
         return x, float(action) - 1.0, terminated, self._t >= 30, info
 

@@ -6,7 +6,8 @@ through an attribute (``set_attr`` / ``set_wrapper_attr`` from the parent):
 - ``arm_step``: what the *next* ``step`` does instead of stepping (one shot):
   ``"raise"`` (ValueError from ``_raise_in_step``), ``"hang"`` (``time.sleep(60)``),
   ``"hang_ignore_term"`` (ignores SIGTERM, then sleeps), ``"slow"`` (sleeps 1 s, then
-  steps), or one of ``GARBAGE`` (write garbage to the worker's control socket, wait so
+  steps; ``slow_span`` keeps the sleep's start and end on ``time.monotonic()``, one clock
+  for every process of the machine), or one of ``GARBAGE`` (write garbage to the worker's control socket, wait so
   the parent is asleep on that socket, then step normally), or ``"bad_info"`` (step
   normally but return an info the parent cannot unpickle).
 - ``arm_reset``: the next ``reset`` raises ValueError from ``_raise_in_reset``.
@@ -15,6 +16,7 @@ through an attribute (``set_attr`` / ``set_wrapper_attr`` from the parent):
 Everything here runs inside worker processes; factories are module-level so cloudpickle
 sends them by reference (the forked workers already imported this module).
 """
+
 from __future__ import annotations
 
 import os
@@ -96,6 +98,7 @@ class FaultyEnv(gym.Wrapper):
         self.arm_reset = False
         self.explosive = False
         self.steps = 0
+        self.slow_span = None
 
     def step(self, action):
         self.steps += 1
@@ -108,7 +111,9 @@ class FaultyEnv(gym.Wrapper):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             time.sleep(60)
         elif mode == "slow":
+            t0 = time.monotonic()
             time.sleep(1.0)
+            self.slow_span = (t0, time.monotonic())
         elif mode in GARBAGE:
             os.write(control_fd(), GARBAGE[mode])
             time.sleep(0.3)  # the parent is now asleep in poll() on this socket

@@ -1,4 +1,5 @@
 """Comparison helpers shared by the equivalence tests."""
+
 from __future__ import annotations
 
 import numbers
@@ -84,8 +85,9 @@ def count_builds(monkeypatch, name: str) -> list:
     when it built the infos (False: it declined)."""
     import importlib
 
-    E = importlib.import_module({"table_vector_infos": "fastvec.doors._gym_infos",
-                                 "table_env_infos": "fastvec.doors._sb3_infos"}[name])
+    E = importlib.import_module(
+        {"table_vector_infos": "fastvec.doors._gym_infos", "table_env_infos": "fastvec.doors._sb3_infos"}[name]
+    )
 
     built: list = []
     original = getattr(E, name)

@@ -1,5 +1,6 @@
 """Bad input: rejected with a clear error, before anything reaches a worker, and the
 vector env keeps working (the next correct step still matches the reference)."""
+
 from __future__ import annotations
 
 import functools
@@ -7,14 +8,14 @@ import functools
 import gymnasium as gym
 import numpy as np
 import pytest
+from envs import DictTupleEnv, EchoEnv, FailingEnv, MisbehavingEnv, RandomEndEnv, raising_factory
 from gymnasium import spaces
 from gymnasium.vector import SyncVectorEnv
 from gymnasium.vector.utils import batch_space, iterate
+from helpers import assert_same
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 import fastvec
-from envs import DictTupleEnv, EchoEnv, FailingEnv, MisbehavingEnv, RandomEndEnv, raising_factory
-from helpers import assert_same
 
 N = 3
 
@@ -31,12 +32,24 @@ CASES = {
         DISCRETE,
         [np.array([-1, 2, 0]), [0, 1, 2], np.array([2, 2, -1], dtype=np.int32), np.array([0, 1, 2], np.uint8)],
         [
-            np.array([0, 1]), np.array([0, 1, 2, 0]), np.array([[0], [1], [2]]), np.int64(1),  # shapes
-            np.array([0.0, 1.0, 2.0]), np.array([0.0, 1.0, 2.0], np.float32),  # floats
-            np.array(["0", "1", "2"]), "012", b"012", [0, "1", 2],  # strings
-            np.array([0, None, 1], dtype=object), np.array([0, 1, 2], dtype=object), None, [0, None, 1],
+            np.array([0, 1]),
+            np.array([0, 1, 2, 0]),
+            np.array([[0], [1], [2]]),
+            np.int64(1),  # shapes
+            np.array([0.0, 1.0, 2.0]),
+            np.array([0.0, 1.0, 2.0], np.float32),  # floats
+            np.array(["0", "1", "2"]),
+            "012",
+            b"012",
+            [0, "1", 2],  # strings
+            np.array([0, None, 1], dtype=object),
+            np.array([0, 1, 2], dtype=object),
+            None,
+            [0, None, 1],
             np.array([1 + 0j, 0, 0]),  # complex
-            np.array([3, 0, 0]), np.array([0, -2, 0]), np.array([0, 0, 2**40]),  # out of range
+            np.array([3, 0, 0]),
+            np.array([0, -2, 0]),
+            np.array([0, 0, 2**40]),  # out of range
             np.array([0, 0, 2**63], dtype=np.uint64),
             [[0, 1], 2, 1],  # ragged
         ],
@@ -45,53 +58,79 @@ CASES = {
         BOX,
         [np.full((N, 2), 0.5, np.float32), np.array([[-1.0, 1.0], [0.25, -0.75], [0.0, 0.0]]), np.zeros((N, 2), int)],
         [
-            np.zeros((N, 3), np.float32), np.zeros(N, np.float32), np.zeros((N - 1, 2), np.float32),
-            np.zeros((N, 2, 1), np.float32), np.float32(0.0),  # shapes
-            np.full((N, 2), "0.5"), None, np.zeros((N, 2), dtype=object),  # dtypes
-            np.array([[1.5, 0], [0, 0], [0, 0]], np.float32), np.array([[0, 0], [0, -2.0], [0, 0]]),  # range
+            np.zeros((N, 3), np.float32),
+            np.zeros(N, np.float32),
+            np.zeros((N - 1, 2), np.float32),
+            np.zeros((N, 2, 1), np.float32),
+            np.float32(0.0),  # shapes
+            np.full((N, 2), "0.5"),
+            None,
+            np.zeros((N, 2), dtype=object),  # dtypes
+            np.array([[1.5, 0], [0, 0], [0, 0]], np.float32),
+            np.array([[0, 0], [0, -2.0], [0, 0]]),  # range
             np.array([[0, 0], [0, 0], [np.inf, 0]]),
-            np.array([[0, 0], [np.nan, 0], [0, 0]], np.float32), np.full((N, 2), np.nan),  # NaN
+            np.array([[0, 0], [np.nan, 0], [0, 0]], np.float32),
+            np.full((N, 2), np.nan),  # NaN
         ],
     ),
     "box_int": (
         BOX_INT,
         [np.array([[0, 10], [5, 5], [1, 2]]), np.array([[1.0, 2.0], [3.0, 4.0], [10.0, 0.0]])],
         [
-            np.array([[1.5, 2.0], [3.0, 4.0], [0.0, 0.0]]), np.array([[11, 0], [0, 0], [0, 0]]),
-            np.array([[0, 0], [-1, 0], [0, 0]]), np.array([[0, 0], [0, 0], [np.nan, 0]]), np.zeros((N, 3), int),
+            np.array([[1.5, 2.0], [3.0, 4.0], [0.0, 0.0]]),
+            np.array([[11, 0], [0, 0], [0, 0]]),
+            np.array([[0, 0], [-1, 0], [0, 0]]),
+            np.array([[0, 0], [0, 0], [np.nan, 0]]),
+            np.zeros((N, 3), int),
         ],
     ),
     "multi_discrete": (
         MULTI_DISCRETE,
         [np.array([[0, -2], [2, 2], [1, 0]]), np.array([[2, -1], [0, 1], [1, 2]], np.int8)],
         [
-            np.array([0, 1, 2]), np.zeros((N, 3), int), np.zeros((N, 2, 1), int),  # shapes
-            np.zeros((N, 2), np.float64), np.zeros((N, 2), dtype=object), None,  # dtypes
-            np.array([[3, 0], [0, 0], [0, 0]]), np.array([[0, 3], [0, 0], [0, 0]]),  # range
-            np.array([[0, 0], [0, -3], [0, 0]]), np.array([[0, 0], [0, 0], [-1, 0]]),
+            np.array([0, 1, 2]),
+            np.zeros((N, 3), int),
+            np.zeros((N, 2, 1), int),  # shapes
+            np.zeros((N, 2), np.float64),
+            np.zeros((N, 2), dtype=object),
+            None,  # dtypes
+            np.array([[3, 0], [0, 0], [0, 0]]),
+            np.array([[0, 3], [0, 0], [0, 0]]),  # range
+            np.array([[0, 0], [0, -3], [0, 0]]),
+            np.array([[0, 0], [0, 0], [-1, 0]]),
         ],
     ),
     "multi_binary": (
         MULTI_BINARY,
-        [np.array([[0, 1, 1], [1, 0, 0], [1, 1, 1]], np.int8), np.array([[True, False, True]] * N),
-         np.zeros((N, 3), np.int64)],
         [
-            np.zeros((N, 4), np.int8), np.zeros(N, np.int8),  # shapes
-            np.zeros((N, 3), np.float32), np.full((N, 3), "1"), None,  # dtypes
-            np.array([[2, 0, 0], [0, 0, 0], [0, 0, 0]]), np.array([[0, 0, 0], [0, -1, 0], [0, 0, 0]]),  # range
+            np.array([[0, 1, 1], [1, 0, 0], [1, 1, 1]], np.int8),
+            np.array([[True, False, True]] * N),
+            np.zeros((N, 3), np.int64),
+        ],
+        [
+            np.zeros((N, 4), np.int8),
+            np.zeros(N, np.int8),  # shapes
+            np.zeros((N, 3), np.float32),
+            np.full((N, 3), "1"),
+            None,  # dtypes
+            np.array([[2, 0, 0], [0, 0, 0], [0, 0, 0]]),
+            np.array([[0, 0, 0], [0, -1, 0], [0, 0, 0]]),  # range
         ],
     ),
     "dict": (
         DICT,
-        [{"d": np.array([0, 1, 2]), "b": np.zeros((N, 2), np.float32)},
-         {"d": np.array([2, 2, 0]), "b": np.full((N, 2), -0.5, np.float32)}],
+        [
+            {"d": np.array([0, 1, 2]), "b": np.zeros((N, 2), np.float32)},
+            {"d": np.array([2, 2, 0]), "b": np.full((N, 2), -0.5, np.float32)},
+        ],
         [
             {"d": np.array([0, 1, 2])},  # missing leaf
             {"d": np.array([0, 1]), "b": np.zeros((N, 2), np.float32)},  # leaf shape
             {"d": np.array([0, 1, 3]), "b": np.zeros((N, 2), np.float32)},  # leaf range
             {"d": np.array([0, 1, 2]), "b": np.full((N, 2), np.nan, np.float32)},  # NaN
             {"d": np.array([0.0, 1.0, 2.0]), "b": np.zeros((N, 2), np.float32)},  # float for Discrete
-            None, np.zeros(N),
+            None,
+            np.zeros(N),
         ],
     ),
 }
@@ -100,8 +139,11 @@ CASES = {
 SB3_DICT_BAD = [
     [{"d": 0, "b": np.zeros(2, np.float32)}] * (N - 1),  # too few envs
     [{"d": 0, "b": np.zeros(2, np.float32)}, {"d": 1}, {"d": 2, "b": np.zeros(2, np.float32)}],  # missing
-    [{"d": 0, "b": np.zeros(2, np.float32)}, {"d": 3, "b": np.zeros(2, np.float32)},
-     {"d": 2, "b": np.zeros(2, np.float32)}],  # out of range
+    [
+        {"d": 0, "b": np.zeros(2, np.float32)},
+        {"d": 3, "b": np.zeros(2, np.float32)},
+        {"d": 2, "b": np.zeros(2, np.float32)},
+    ],  # out of range
     [{"d": 0, "b": np.zeros(3, np.float32)}] * N,  # leaf shape
     [{"d": "x", "b": np.zeros(2, np.float32)}] * N,  # string
     [None] * N,
@@ -236,7 +278,7 @@ def test_factory_that_raises(index):
 
 
 @pytest.mark.parametrize("front", ["gym", "sb3"])
-@pytest.mark.parametrize("layout", [(3, 1), (3, 2), (4, 3)], ids=lambda l: f"{l[0]}envs-{l[1]}w")
+@pytest.mark.parametrize("layout", [(3, 1), (3, 2), (4, 3)], ids=lambda lay: f"{lay[0]}envs-{lay[1]}w")
 def test_env_that_raises_in_step(front, layout):
     num_envs, num_workers = layout
     bad = num_envs - 2
@@ -277,8 +319,11 @@ def test_env_that_raises_in_reset():
 @pytest.mark.parametrize("front", ["gym", "sb3"])
 def test_call_that_raises_keeps_env_usable(front):
     fns = [functools.partial(FailingEnv, None)] * 3
-    env, ref = (fastvec.AsyncVectorEnv(fns, num_workers=2), SyncVectorEnv(fns)) if front == "gym" else (
-        fastvec.SubprocVecEnv(fns, num_workers=2), DummyVecEnv(fns))
+    env, ref = (
+        (fastvec.AsyncVectorEnv(fns, num_workers=2), SyncVectorEnv(fns))
+        if front == "gym"
+        else (fastvec.SubprocVecEnv(fns, num_workers=2), DummyVecEnv(fns))
+    )
     try:
         reset_pair(front, env, ref, seed=1)
         with pytest.raises(fastvec.WorkerError) as info:
@@ -336,8 +381,17 @@ def test_bad_context():
         fastvec.SubprocVecEnv(_fns(), start_method="threads")
 
 
-@pytest.mark.parametrize("kwargs", [dict(num_slots=0), dict(num_slots=True), dict(step_timeout=-1.0),
-                                    dict(step_timeout=0), dict(step_timeout=float("nan"))], ids=str)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_slots=0),
+        dict(num_slots=True),
+        dict(step_timeout=-1.0),
+        dict(step_timeout=0),
+        dict(step_timeout=float("nan")),
+    ],
+    ids=str,
+)
 def test_bad_engine_options(kwargs):
     with pytest.raises(ValueError):
         fastvec.AsyncVectorEnv(_fns(), **kwargs)
@@ -347,8 +401,19 @@ def test_bad_seeds_gym():
     env, ref = fastvec.AsyncVectorEnv(_fns(3), num_workers=2), SyncVectorEnv(_fns(3))
     try:
         assert_same(env.reset(seed=0), ref.reset(seed=0), "reset")
-        for seed in ["1", 1.5, -1, True, [1, 2], [1, "a", 2], [1.0, 2.0, 3.0], [1, -2, 3], [True, 1, 2],
-                     (1, 2, 3, 4), {"a": 1}]:
+        for seed in [
+            "1",
+            1.5,
+            -1,
+            True,
+            [1, 2],
+            [1, "a", 2],
+            [1.0, 2.0, 3.0],
+            [1, -2, 3],
+            [True, 1, 2],
+            (1, 2, 3, 4),
+            {"a": 1},
+        ]:
             with pytest.raises(ValueError):
                 env.reset(seed=seed)
         with pytest.raises(ValueError):
@@ -488,10 +553,17 @@ _BOUNDS_SPACES = [
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(range(len(_BOUNDS_SPACES))),
-       st.sampled_from(["float32", "float64", "int64", "int32", "int8", "uint8"]),
-       st.lists(st.one_of(st.floats(-8, 8), st.sampled_from([np.nan, np.inf, -np.inf, 1.0000001, -1.0000001]),
-                          st.integers(-8, 8)), min_size=12, max_size=12))
+@given(
+    st.sampled_from(range(len(_BOUNDS_SPACES))),
+    st.sampled_from(["float32", "float64", "int64", "int32", "int8", "uint8"]),
+    st.lists(
+        st.one_of(
+            st.floats(-8, 8), st.sampled_from([np.nan, np.inf, -np.inf, 1.0000001, -1.0000001]), st.integers(-8, 8)
+        ),
+        min_size=12,
+        max_size=12,
+    ),
+)
 def test_compiled_bounds_check_agrees_with_numpy(which, dtype, values):
     """The compiled fast path accepts exactly what the numpy path accepts."""
     space = _BOUNDS_SPACES[which]

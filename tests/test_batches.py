@@ -4,21 +4,23 @@ against a ``SyncVectorEnv`` of that batch's envs replaying the same actions from
 same seeds (observations, rewards, flags, infos and final observations, so a reward
 can never be one step off its action, nor a terminal observation lost); and every
 misuse is a clear error that loses nothing."""
+
 from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
 import time
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from envs import DictTupleEnv, RandomEndEnv
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same
 
 import fastvec
-from envs import DictTupleEnv, RandomEndEnv
-from helpers import assert_same
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP]
 
@@ -34,8 +36,9 @@ class Replay:
     """One SyncVectorEnv per batch group: the reference for that group's results."""
 
     def __init__(self, fns, batch_size, mode, seed):
-        self.refs = [SyncVectorEnv(fns[a:a + batch_size], autoreset_mode=mode)
-                     for a in range(0, len(fns), batch_size)]
+        self.refs = [
+            SyncVectorEnv(fns[a : a + batch_size], autoreset_mode=mode) for a in range(0, len(fns), batch_size)
+        ]
         self.size = batch_size
         self.pending = []  # per group: results the next recv must equal
         for g, ref in enumerate(self.refs):
@@ -62,9 +65,15 @@ class Replay:
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
-@pytest.mark.parametrize("env_name, n, batch, workers", [
-    ("random_end", 8, 4, 2), ("random_end", 8, 2, 4), ("dict_tuple", 6, 3, 2), ("random_end", 4, 4, 2),
-])
+@pytest.mark.parametrize(
+    "env_name, n, batch, workers",
+    [
+        ("random_end", 8, 4, 2),
+        ("random_end", 8, 2, 4),
+        ("dict_tuple", 6, 3, 2),
+        ("random_end", 4, 4, 2),
+    ],
+)
 def test_groups_match_a_replay_per_batch(env_name, n, batch, workers, mode):
     fn = {"random_end": functools.partial(RandomEndEnv, p_end=0.15), "dict_tuple": DictTupleEnv}[env_name]
     fns = [fn] * n
@@ -250,13 +259,16 @@ class ReplayPerEnv:
         assert ids.dtype == np.int32 and len(set(ids.tolist())) == len(ids)
         for p, i in enumerate(ids):
             e_obs, e_rew, e_term, e_trunc, e_infos = self.pending[i]
-            assert_same((obs[p], rew[p], term[p], trunc[p], _env_info(infos, p)),
-                        (e_obs[0], e_rew[0], e_term[0], e_trunc[0], _env_info(e_infos, 0)), f"{where}, env {i}")
+            assert_same(
+                (obs[p], rew[p], term[p], trunc[p], _env_info(infos, p)),
+                (e_obs[0], e_rew[0], e_term[0], e_trunc[0], _env_info(e_infos, 0)),
+                f"{where}, env {i}",
+            )
         return ids
 
     def step(self, ids, actions):
         for p, i in enumerate(ids):
-            self.pending[i] = self.refs[i].step(np.asarray(actions)[p:p + 1])
+            self.pending[i] = self.refs[i].step(np.asarray(actions)[p : p + 1])
 
     def close(self):
         for ref in self.refs:
@@ -270,8 +282,7 @@ def test_ready_batches_match_a_replay_per_env(n, batch, workers, mode):
     replaying the actions it was sent (rewards with their actions, final observations
     with their episodes)."""
     fns = [functools.partial(RandomEndEnv, p_end=0.15)] * n
-    env = fastvec.AsyncVectorEnv(fns, num_workers=workers, batch_size=batch, batch_mode="ready",
-                                 autoreset_mode=mode)
+    env = fastvec.AsyncVectorEnv(fns, num_workers=workers, batch_size=batch, batch_mode="ready", autoreset_mode=mode)
     replay = ReplayPerEnv(fns, mode, seed=7)
     rng = np.random.default_rng(0)
     try:
@@ -293,13 +304,15 @@ def test_ready_batches_match_a_replay_per_env(n, batch, workers, mode):
 
 
 class SlowFirst(gym.Env):
-    """Env 0 (``slow=True``) takes 20 ms a step, the others none; obs = steps taken."""
+    """Env 0 (``slow=True``) takes 20 ms a step, the others none; obs = steps taken.
+    Given a ``gate`` (a file path), the slow env's steps wait while that file is absent
+    instead (at most 30 s)."""
 
     observation_space = gym.spaces.Box(0.0, np.inf, (1,), np.float64)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self, slow=False):
-        self.slow, self.t = slow, 0
+    def __init__(self, slow=False, gate=None):
+        self.slow, self.t, self.gate = slow, 0, gate
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -307,29 +320,41 @@ class SlowFirst(gym.Env):
         return np.zeros(1), {}
 
     def step(self, action):
-        if self.slow:
+        if self.slow and self.gate is not None:
+            deadline = time.monotonic() + 30.0
+            while not os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(0.001)
+        elif self.slow:
             time.sleep(0.02)
         self.t += 1
         return np.full(1, float(self.t)), float(action), False, False, {}
 
 
-def test_ready_returns_the_envs_that_are_done_and_a_slow_one_holds_no_one_up():
-    fns = [functools.partial(SlowFirst, slow=True)] + [SlowFirst] * 3
+def test_ready_returns_the_envs_that_are_done_and_a_slow_one_holds_no_one_up(tmp_path):
+    # Env 0's steps are held until the test opens its gate: the others must go on without
+    # it (counted, not timed; lock-step would time out on the first recv after its reset).
+    gate = tmp_path / "open"
+    fns = [functools.partial(SlowFirst, slow=True, gate=str(gate))] + [SlowFirst] * 3
     env = fastvec.AsyncVectorEnv(fns, num_workers=4, batch_size=2, batch_mode="ready", copy=False)
     replay = ReplayPerEnv([SlowFirst] * 4, AutoresetMode.NEXT_STEP, seed=0)  # same results, no waiting
     try:
         env.async_reset(seed=0)
         seen = np.zeros(4, int)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 0.6:
-            got = env.recv()
+
+        def one_batch():
+            got = env.recv(timeout=10.0)
             ids = replay.check(got, f"batch {seen.sum()}")
             assert not np.shares_memory(got[0], env.engine.obs_bufs[0])  # ready mode copies, always
             seen[ids] += 1
             env.send(ids % 2)
             replay.step(ids, ids % 2)
-        # lock-step would step every env as often as the slow one (~30 times in 0.6 s)
-        assert seen[1:].min() > 3 * seen[0], seen
+
+        while seen[1:].min() < 30:
+            one_batch()
+        assert seen[0] == 1, seen  # its reset; its first step is still held
+        gate.touch()
+        while seen[0] < 3:  # let go, it comes back with the right results
+            one_batch()
     finally:
         env.close()
         replay.close()
@@ -396,8 +421,9 @@ def test_an_env_error_in_a_batch_loses_no_other_results(batch_mode):
     from fault_envs import make_faulty
 
     fns = [functools.partial(make_faulty, i) for i in range(4)]
-    env = fastvec.AsyncVectorEnv(fns, num_workers=4, batch_size=2 if batch_mode == "groups" else 4,
-                                 batch_mode=batch_mode)
+    env = fastvec.AsyncVectorEnv(
+        fns, num_workers=4, batch_size=2 if batch_mode == "groups" else 4, batch_mode=batch_mode
+    )
     try:
         env.async_reset(seed=0)
         first = env.recv()

@@ -28,6 +28,7 @@ they skip importing torch (SB3 is optional for fastvec.SubprocVecEnv): forking a
 that holds torch is several times slower on this 2-core box. The in-process tests use the
 real SB3-derived class.
 """
+
 from __future__ import annotations
 
 import functools
@@ -45,6 +46,7 @@ import time
 import traceback
 from multiprocessing import shared_memory
 
+import fault_envs as fe
 import gymnasium as gym
 import numpy as np
 import psutil
@@ -52,8 +54,6 @@ import pytest
 
 import fastvec
 from fastvec import WorkerError
-
-import fault_envs as fe
 
 DOORS = ["gym", "sb3"]
 N_ENVS = 4
@@ -74,10 +74,8 @@ def faulty_fns(n=N_ENVS):
 def make_vec(door, fns=None, *, num_workers=N_WORKERS, step_timeout=None, **extra):
     fns = faulty_fns() if fns is None else fns
     if door == "gym":
-        return fastvec.AsyncVectorEnv(
-            fns, num_workers=num_workers, context="fork", step_timeout=step_timeout, **extra)
-    return fastvec.SubprocVecEnv(
-        fns, start_method="fork", num_workers=num_workers, step_timeout=step_timeout, **extra)
+        return fastvec.AsyncVectorEnv(fns, num_workers=num_workers, context="fork", step_timeout=step_timeout, **extra)
+    return fastvec.SubprocVecEnv(fns, start_method="fork", num_workers=num_workers, step_timeout=step_timeout, **extra)
 
 
 def vec_reset(vec, door, seed=None):
@@ -152,9 +150,11 @@ def guarded(fn, seconds, vec=None, what="call"):
             except ProcessLookupError:
                 pass
         thread.join(10)
-        pytest.fail(f"{what} hung: no return within {seconds:g} s"
-                    + ("" if not thread.is_alive() else " (still stuck after SIGKILLing the workers)")
-                    + f"; stuck in:\n{stack}")
+        pytest.fail(
+            f"{what} hung: no return within {seconds:g} s"
+            + ("" if not thread.is_alive() else " (still stuck after SIGKILLing the workers)")
+            + f"; stuck in:\n{stack}"
+        )
     return Outcome(box.get("value"), box.get("exc"), elapsed)
 
 
@@ -365,7 +365,8 @@ def assert_consistent_with_fresh_run(vec, door, steps=60):
             robs, rrew, rdone = vec_step(ref, door, ACTS[k])
             for name, a, b in (("obs", obs, robs), ("reward", rew, rrew), ("done", done, rdone)):
                 np.testing.assert_array_equal(
-                    np.asarray(a), np.asarray(b), err_msg=f"{name} differs from the reference at step {k}")
+                    np.asarray(a), np.asarray(b), err_msg=f"{name} differs from the reference at step {k}"
+                )
     finally:
         ref.close()
 
@@ -376,7 +377,8 @@ def assert_env_error(exc, func_name):
     assert exc.exc_type and "ValueError" in exc.exc_type, f"err.exc_type={exc.exc_type!r}"
     assert exc.exc_message and f"env {FAULTY}" in exc.exc_message, f"err.exc_message={exc.exc_message!r}"
     assert exc.worker_traceback and func_name in exc.worker_traceback, (
-        f"{func_name} not in the worker traceback:\n{exc.worker_traceback}")
+        f"{func_name} not in the worker traceback:\n{exc.worker_traceback}"
+    )
 
 
 @pytest.mark.parametrize("door", DOORS)
@@ -502,7 +504,10 @@ def start_child(tmp_path, door, mode):
     err = open(err_path, "wb")
     proc = subprocess.Popen(
         [sys.executable, str(script), door, mode],
-        stdout=subprocess.PIPE, stderr=err, start_new_session=True, cwd=str(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=err,
+        start_new_session=True,
+        cwd=str(tmp_path),
     )
     err.close()
     return proc, err_path
@@ -517,8 +522,10 @@ def read_ready(proc, err_path, timeout=60.0):
         if left <= 0 or proc.poll() is not None:
             proc.kill()
             proc.wait()
-            pytest.fail(f"child script never got ready (rc={proc.returncode}); stderr:\n"
-                        + err_path.read_text(errors="replace")[-3000:])
+            pytest.fail(
+                f"child script never got ready (rc={proc.returncode}); stderr:\n"
+                + err_path.read_text(errors="replace")[-3000:]
+            )
         r, _, _ = select.select([fd], [], [], min(left, 0.5))
         if r:
             chunk = os.read(fd, 4096)
@@ -564,8 +571,10 @@ def test_main_process_ctrl_c(door, target, tmp_path, leftovers):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            pytest.fail("the main process did not exit within 20 s of SIGINT; stderr:\n"
-                        + err_path.read_text(errors="replace")[-3000:])
+            pytest.fail(
+                "the main process did not exit within 20 s of SIGINT; stderr:\n"
+                + err_path.read_text(errors="replace")[-3000:]
+            )
         t0 = time.monotonic()
         alive = wait_dead(info["pids"], 5.0)
         gone = wait_segment_gone(info["shm"], 10.0 - (time.monotonic() - t0))
@@ -574,7 +583,8 @@ def test_main_process_ctrl_c(door, target, tmp_path, leftovers):
         assert not alive, f"workers {alive} still running after Ctrl-C"
         assert gone, f"{SHM_DIR}/{info['shm']} left behind after Ctrl-C"
         assert "fastvec-worker" not in err and "fastvec/worker.py" not in err, (
-            f"worker traceback on stderr:\n{err[-3000:]}")
+            f"worker traceback on stderr:\n{err[-3000:]}"
+        )
         assert err.count("Traceback (most recent call last)") <= 1, f"several tracebacks:\n{err[-3000:]}"
         assert "leaked shared_memory" not in err, f"resource tracker warning:\n{err[-3000:]}"
     finally:
@@ -629,8 +639,7 @@ CYCLES_SCRIPT = textwrap.dedent(
 def test_200_create_step_close_cycles(tmp_path):
     script = tmp_path / "cycles.py"
     script.write_text(CYCLES_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=110, cwd=str(tmp_path))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=110, cwd=str(tmp_path))
     err = proc.stderr
     assert proc.returncode == 0, f"rc={proc.returncode}; stderr:\n{err[-3000:]}"
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -777,7 +786,8 @@ def test_garbage_from_worker(door, kind):
                 break
         assert out.exc is not None, f"garbage ({kind}) went unnoticed for 3 steps"
         assert isinstance(out.exc, WorkerError), (
-            f"garbage ({kind}) raised {type(out.exc).__module__}.{type(out.exc).__name__}: {out.exc}")
+            f"garbage ({kind}) raised {type(out.exc).__module__}.{type(out.exc).__name__}: {out.exc}"
+        )
         assert out.exc.worker == VICTIM, f"err.worker={out.exc.worker}: {out.exc}"
     finally:
         close_checked(vec)
@@ -825,8 +835,9 @@ def assert_restarted(out, vec):
     restarted = tuple(i for i in range(N_ENVS) if infos[i].get("fastvec_restarted"))
     assert restarted == VICTIM_ENVS, f"restarted envs {restarted}, expected {VICTIM_ENVS}"
     assert all(dones[i] for i in VICTIM_ENVS), f"restarted envs must end their episode: {dones}"
-    assert any(issubclass(w.category, RuntimeWarning) and "restarted worker" in str(w.message)
-               for w in caught), [str(w.message) for w in caught]
+    assert any(issubclass(w.category, RuntimeWarning) and "restarted worker" in str(w.message) for w in caught), [
+        str(w.message) for w in caught
+    ]
     record = vec.engine.restarts[-1]
     assert record["worker"] == VICTIM and tuple(record["envs"]) == VICTIM_ENVS
 
@@ -920,7 +931,7 @@ def test_segment_private_and_unguessable():
             assert st.st_mode & 0o777 == 0o600, f"{name} has mode {oct(st.st_mode & 0o777)}"
             assert st.st_uid == os.getuid()
             assert name.startswith("fastvec_")
-            bits = _random_bits(name[len("fastvec_"):])
+            bits = _random_bits(name[len("fastvec_") :])
             assert bits >= 96, f"{name}: only ~{bits} random bits"
         assert names[0] != names[1]
     finally:

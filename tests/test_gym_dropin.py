@@ -2,9 +2,11 @@
 gymnasium's constructor keywords, its error classes, ``observation_mode``, and an env's
 own exception type reaching the caller. References: gymnasium's ``SyncVectorEnv`` and
 ``AsyncVectorEnv`` built with the same arguments."""
+
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import time
 
@@ -77,11 +79,20 @@ def cartpoles(n=4):
 
 def test_gymnasium_constructor_keywords_are_accepted_and_change_nothing():
     ref = SyncVectorEnv(cartpoles())
-    kw = dict(shared_memory=True, copy=True, context="fork", daemon=True, worker=None,
-              observation_mode="same", max_concurrency=None)
-    candidates = [fastvec.AsyncVectorEnv(cartpoles(), **kw),
-                  fastvec.AsyncVectorEnv(cartpoles(), False, True, "fork"),  # gymnasium's positional order
-                  fastvec.AsyncVectorEnv(cartpoles(), shared_memory=False)]
+    kw = dict(
+        shared_memory=True,
+        copy=True,
+        context="fork",
+        daemon=True,
+        worker=None,
+        observation_mode="same",
+        max_concurrency=None,
+    )
+    candidates = [
+        fastvec.AsyncVectorEnv(cartpoles(), **kw),
+        fastvec.AsyncVectorEnv(cartpoles(), False, True, "fork"),  # gymnasium's positional order
+        fastvec.AsyncVectorEnv(cartpoles(), shared_memory=False),
+    ]
     try:
         want_obs, _ = ref.reset(seed=5)
         for v in candidates:
@@ -102,15 +113,18 @@ def test_gymnasium_constructor_keywords_are_accepted_and_change_nothing():
     assert candidates[1].shared_memory is False and candidates[1].copy is True
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"worker": lambda *a: None}, "custom `worker`"),
-    ({"shared_memory": "yes"}, "shared_memory"),
-    ({"observation_mode": "mixed"}, "observation_mode"),
-    ({"observation_mode": (spaces.Discrete(2),)}, "observation_mode"),
-    ({"max_concurrency": 0}, "max_concurrency"),
-    ({"max_concurrency": 1, "num_workers": 2}, "exceeds max_concurrency"),
-    ({"daemon": "no"}, "daemon"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"worker": lambda *a: None}, "custom `worker`"),
+        ({"shared_memory": "yes"}, "shared_memory"),
+        ({"observation_mode": "mixed"}, "observation_mode"),
+        ({"observation_mode": (spaces.Discrete(2),)}, "observation_mode"),
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"max_concurrency": 1, "num_workers": 2}, "exceeds max_concurrency"),
+        ({"daemon": "no"}, "daemon"),
+    ],
+)
 def test_bad_gymnasium_keywords_are_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         fastvec.AsyncVectorEnv(cartpoles(), **kwargs)
@@ -144,8 +158,9 @@ def test_gymnasium_error_classes():
 def test_an_envs_exception_is_an_instance_of_its_type(where):
     """``except ValueError`` catches an env's ValueError, and ``except WorkerError`` too;
     the message, the env index and the worker's traceback are kept; it pickles."""
-    v = fastvec.AsyncVectorEnv([lambda: gym.make("CartPole-v1"),
-                                lambda: Raising(lambda: ValueError("bad value in env"), where)])
+    v = fastvec.AsyncVectorEnv(
+        [lambda: gym.make("CartPole-v1"), lambda: Raising(lambda: ValueError("bad value in env"), where)]
+    )
     try:
         if where == "step":
             v.reset(seed=0)
@@ -250,22 +265,32 @@ def test_daemon_false_lets_envs_start_processes():
 
 
 class Slow(gym.Wrapper):
-    """CartPole whose reset, step and ``nap`` sleep ``delay`` seconds."""
+    """CartPole whose reset, step and ``nap`` sleep ``delay`` seconds or, given a
+    ``gate`` (a file path), wait while that file is absent (at most 30 s)."""
 
-    def __init__(self, delay=0.3):
+    def __init__(self, delay=0.3, gate=None):
         super().__init__(gym.make("CartPole-v1"))
         self.delay = delay
+        self.gate = gate
+
+    def _pause(self):
+        if self.gate is None:
+            time.sleep(self.delay)
+            return
+        deadline = time.monotonic() + 30.0
+        while not os.path.exists(self.gate) and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def reset(self, **kw):
-        time.sleep(self.delay)
+        self._pause()
         return self.env.reset(**kw)
 
     def step(self, action):
-        time.sleep(self.delay)
+        self._pause()
         return self.env.step(action)
 
     def nap(self, x):
-        time.sleep(self.delay)
+        self._pause()
         return x * 2
 
 
@@ -288,8 +313,13 @@ def test_async_pairs_match_the_synchronous_calls():
         with pytest.raises(NoAsyncCallError):
             v.call_wait()
         v.reset_async(seed=0)
-        for call in (lambda: v.step(np.zeros(3, dtype=np.int64)), lambda: v.reset(), lambda: v.call_async("nap"),
-                     lambda: v.get_attr("spec"), lambda: v.set_attr("x", 1)):
+        for call in (
+            lambda: v.step(np.zeros(3, dtype=np.int64)),
+            lambda: v.reset(),
+            lambda: v.call_async("nap"),
+            lambda: v.get_attr("spec"),
+            lambda: v.set_attr("x", 1),
+        ):
             with pytest.raises(AlreadyPendingCallError):
                 call()
         with pytest.raises(NoAsyncCallError):
@@ -301,11 +331,15 @@ def test_async_pairs_match_the_synchronous_calls():
 
 
 @pytest.mark.parametrize("what", ["step", "reset", "call"])
-def test_timeout_raises_multiprocessing_timeout_and_loses_nothing(what):
+def test_timeout_raises_multiprocessing_timeout_and_loses_nothing(what, tmp_path):
     """gymnasium's ``timeout=`` raises ``multiprocessing.TimeoutError``; here the call
-    stays in flight and a second wait returns its results, equal to SyncVectorEnv's."""
+    stays in flight and a second wait returns its results, equal to SyncVectorEnv's.
+    The envs are held in the call until the test lets them go, so the first wait cannot
+    have had their results, however slow the host."""
+    gate = tmp_path / "open"
+    gate.touch()
     ref = SyncVectorEnv([lambda: Slow(0.0)] * 2)
-    v = fastvec.AsyncVectorEnv([lambda: Slow(0.4)] * 2)
+    v = fastvec.AsyncVectorEnv([lambda: Slow(gate=str(gate))] * 2)
     try:
         if what != "reset":
             v.reset(seed=7)
@@ -315,11 +349,14 @@ def test_timeout_raises_multiprocessing_timeout_and_loses_nothing(what):
             "reset": (lambda: v.reset_async(seed=7), v.reset_wait),
             "call": (lambda: v.call_async("nap", 21), v.call_wait),
         }[what]
+        gate.unlink()  # from here the envs wait in the call
         send()
         t0 = time.monotonic()
         with pytest.raises(multiprocessing.TimeoutError, match="timed out after 0.05"):
             wait(timeout=0.05)
-        assert time.monotonic() - t0 < 0.35
+        # generous (100 times the timeout): a wait that ignored it would sit out the 30 s hold
+        assert time.monotonic() - t0 < 5.0
+        gate.touch()
         got = wait(timeout=5.0)
         if what == "step":
             for x, y in zip(got[:4], ref.step(np.array([1, 0]))[:4]):
@@ -361,9 +398,8 @@ class CountTo(gym.Env):
 
 @pytest.mark.parametrize("door", ["gym", "sb3"])
 def test_final_discrete_observation_keeps_the_envs_type(door):
-    from stable_baselines3.common.vec_env import DummyVecEnv
-
     from helpers import assert_same
+    from stable_baselines3.common.vec_env import DummyVecEnv
 
     fns = [lambda: CountTo(2, False), lambda: CountTo(3, True), lambda: CountTo(2, True), lambda: CountTo(3, False)]
     if door == "gym":

@@ -4,6 +4,7 @@ Both vector envs get the same env factories, seeds and actions; every observatio
 and dtypes, nested), reward, flag and info (with ``_key`` masks, ``final_obs`` and
 ``final_info``) must match.
 """
+
 from __future__ import annotations
 
 import functools
@@ -13,11 +14,11 @@ import gymnasium as gym
 import numpy as np
 import psutil
 import pytest
+from envs import DictTupleEnv, EchoEnv, FlatInfoEnv, RandomEndEnv
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same, copy_nested, leaves
 
 import fastvec
-from envs import DictTupleEnv, EchoEnv, RandomEndEnv, FlatInfoEnv
-from helpers import assert_same, copy_nested, leaves
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 # (num_envs, num_workers): 1, 2 and 3 workers, twice with uneven groups
@@ -36,7 +37,12 @@ def make_random_end():
     return RandomEndEnv()
 
 
-ENV_MAKERS = {"cartpole": make_cartpole, "dict_tuple": make_dict, "random_end": make_random_end, "flat_info": FlatInfoEnv}
+ENV_MAKERS = {
+    "cartpole": make_cartpole,
+    "dict_tuple": make_dict,
+    "random_end": make_random_end,
+    "flat_info": FlatInfoEnv,
+}
 
 
 def make_pair(maker, num_envs, num_workers, mode=AutoresetMode.NEXT_STEP, copy=True, fns=None, **kwargs):
@@ -89,7 +95,7 @@ def run_lockstep(env, ref, steps, seed, mode):
     return seen
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"{l[0]}envs-{l[1]}w")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: f"{lay[0]}envs-{lay[1]}w")
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 @pytest.mark.parametrize("env_name", list(ENV_MAKERS))
 def test_lockstep_matches_sync(env_name, mode, layout):
@@ -181,10 +187,12 @@ ACTION_SPACES = {
     "multi_discrete_2d": gym.spaces.MultiDiscrete([[2, 3], [4, 5]]),
     "multi_binary_2d": gym.spaces.MultiBinary((2, 3)),
     "tuple": gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.MultiDiscrete([2, 2]))),
-    "dict_nested": gym.spaces.Dict({
-        "a": gym.spaces.Discrete(4),
-        "b": gym.spaces.Tuple((gym.spaces.Box(-1, 1, (3,), np.float64), gym.spaces.MultiBinary(2))),
-    }),
+    "dict_nested": gym.spaces.Dict(
+        {
+            "a": gym.spaces.Discrete(4),
+            "b": gym.spaces.Tuple((gym.spaces.Box(-1, 1, (3,), np.float64), gym.spaces.MultiBinary(2))),
+        }
+    ),
 }
 
 
@@ -277,8 +285,11 @@ def test_reset_mask_next_step_mode():
             if done.any() and t % 2 == 0:
                 mask = done.copy()
                 mask[0] = True
-                assert_same(env.reset(options={"reset_mask": mask}),
-                            ref.reset(options={"reset_mask": mask.copy()}), f"masked reset {t}")
+                assert_same(
+                    env.reset(options={"reset_mask": mask}),
+                    ref.reset(options={"reset_mask": mask.copy()}),
+                    f"masked reset {t}",
+                )
                 masked += 1
         assert masked > 0
     finally:

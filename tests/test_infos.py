@@ -1,14 +1,15 @@
 """fastvec._core.infos: the column encoding of flat numeric infos is exact, and falls back to
 records whenever it could not be."""
+
 import numpy as np
 import pytest
 from gymnasium.vector import VectorEnv
+from helpers import assert_same
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastvec._core.infos import columns_to_records, encode_columns, merge_columns
 from fastvec.doors.gymnasium import columns_to_vector_infos
-from helpers import assert_same
 
 SCALARS = st.one_of(
     st.integers(-(2**40), 2**40),
@@ -30,8 +31,9 @@ def _reference_merge(records, n):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.dictionaries(st.sampled_from("abcd"), SCALARS, max_size=4), min_size=1, max_size=6),
-       st.integers(0, 3))
+@given(
+    st.lists(st.dictionaries(st.sampled_from("abcd"), SCALARS, max_size=4), min_size=1, max_size=6), st.integers(0, 3)
+)
 def test_columns_roundtrip_or_refuse(infos, split):
     n = len(infos)
     records = [(j, info, None) for j, info in enumerate(infos) if info]
@@ -53,9 +55,17 @@ def test_columns_roundtrip_or_refuse(infos, split):
         assert_same(columns_to_vector_infos(merged, n), _reference_merge(records, n))
 
 
-@pytest.mark.parametrize("info", [
-    {"a": np.zeros(3)}, {"a": "text"}, {"a": {"nested": 1}}, {"a": None}, {"a": 2**70}, {"a": np.bool_(True)},
-])
+@pytest.mark.parametrize(
+    "info",
+    [
+        {"a": np.zeros(3)},
+        {"a": "text"},
+        {"a": {"nested": 1}},
+        {"a": None},
+        {"a": 2**70},
+        {"a": np.bool_(True)},
+    ],
+)
 def test_non_flat_infos_are_sent_as_records(info):
     assert encode_columns([(0, info, None)]) is None
 
@@ -68,9 +78,9 @@ def test_flat_infos_travel_in_the_shared_info_table():
     """Flat numeric infos are written into the segment's info table (no pickling): the
     engine learns each worker's columns, and the merged infos equal SyncVectorEnv's."""
     import gymnasium as gym
+    from envs import FlatInfoEnv
 
     import fastvec
-    from envs import FlatInfoEnv
 
     env = fastvec.AsyncVectorEnv([FlatInfoEnv] * 4, num_workers=2)
     ref = gym.vector.SyncVectorEnv([FlatInfoEnv] * 4)
@@ -90,15 +100,29 @@ def test_flat_infos_travel_in_the_shared_info_table():
 
 
 # -------------------------------------------- the compiled vector-info builder
-KINDS = [int, float, bool, np.float32, np.float16, np.float64, np.int8, np.int16, np.int32, np.int64,
-         np.uint8, np.uint16, np.uint32]
+KINDS = [
+    int,
+    float,
+    bool,
+    np.float32,
+    np.float16,
+    np.float64,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+]
 
 
 def _table_of(values_by_col, kinds, n, slots=3, slot=1):
     """An info table (float64 cells viewed as int64 where the column is int) holding
     ``values_by_col[c][i]`` for env i in ``slot``, every bit of ``slot`` set."""
-    from fastvec._core.infos import table_kind
     from fastvec._core.protocol import INFO_COLS
+
+    from fastvec._core.infos import table_kind
 
     info_f = np.full((slots, n, INFO_COLS), np.nan)
     info_i = info_f.view(np.int64)
@@ -134,8 +158,9 @@ def test_compiled_vector_infos_equal_gymnasiums_merge(kinds, n, rnd):
     keys = [f"k{c}" for c in range(len(kinds))]
     values = [[draw(kind) for _ in range(n)] for kind in kinds]
     info_i, info_f, mask = _table_of(values, kinds, n)
-    cols = [(key, f"_{key}", table_kind(kind), vector_dtype(kind, table_kind(kind)), kind)
-            for key, kind in zip(keys, kinds)]
+    cols = [
+        (key, f"_{key}", table_kind(kind), vector_dtype(kind, table_kind(kind)), kind) for key, kind in zip(keys, kinds)
+    ]
     got = table_vector_infos(info_i, info_f, mask, 1, cols)
     records = [(i, {key: values[c][i] for c, key in enumerate(keys)}, None) for i in range(n)]
     want = _reference_merge(records, n)
@@ -179,11 +204,11 @@ def test_steady_infos_take_the_compiled_path_and_equal_sync(mode, monkeypatch):
     """Steady flat infos (every env, every key, every step): the gymnasium door's step
     builds them in one compiled pass, and every step still equals SyncVectorEnv's."""
     import gymnasium as gym
+    from envs import SteadyInfoEnv
     from gymnasium.vector import AutoresetMode
+    from helpers import count_builds
 
     import fastvec
-    from envs import SteadyInfoEnv
-    from helpers import count_builds
 
     built = count_builds(monkeypatch, "table_vector_infos")
     autoreset = AutoresetMode(mode)
@@ -237,8 +262,9 @@ def test_quiet_episode_ends_travel_without_a_payload_and_are_still_reported():
 def test_engine_step_equals_step_async_then_step_wait():
     """``Engine.step`` (rung and waited for in one compiled call) answers what
     ``step_async`` + ``step_wait`` answer, and bad actions raise before dispatch."""
-    from fastvec.engine import Engine
     from envs import FlatInfoEnv
+
+    from fastvec.engine import Engine
 
     a = Engine([FlatInfoEnv] * 4, num_workers=2, autoreset_mode="next_step")
     b = Engine([FlatInfoEnv] * 4, num_workers=2, autoreset_mode="next_step")

@@ -4,6 +4,7 @@ step by step the same as ``SyncVectorEnv`` with the same seeds, in every autores
 mode; actions of such spaces reach the envs exactly. And the "dtype" action rule: what
 gymnasium passes to its envs, fastvec passes too; what shared memory would change is
 refused, with nothing lost."""
+
 from __future__ import annotations
 
 import copy
@@ -14,10 +15,10 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same
 
 import fastvec
 from fastvec.errors import ActionTypeError
-from helpers import assert_same
 
 
 class Bag(spaces.Space):
@@ -70,13 +71,15 @@ BOX2 = spaces.Box(-1.0, 1.0, (2,), np.float32)
 CONFIGS = {
     "text_only": (spaces.Text(6), spaces.Text(4)),
     "dict_mixed": (
-        spaces.Dict({
-            "pos": spaces.Box(-1.0, 1.0, (3,), np.float32),
-            "text": spaces.Text(5),
-            "graph": spaces.Graph(BOX2, spaces.Discrete(3)),
-            "seq": spaces.Sequence(spaces.Discrete(4)),
-            "n": spaces.Discrete(5),
-        }),
+        spaces.Dict(
+            {
+                "pos": spaces.Box(-1.0, 1.0, (3,), np.float32),
+                "text": spaces.Text(5),
+                "graph": spaces.Graph(BOX2, spaces.Discrete(3)),
+                "seq": spaces.Sequence(spaces.Discrete(4)),
+                "n": spaces.Discrete(5),
+            }
+        ),
         spaces.Tuple((spaces.Discrete(3), spaces.Text(3))),
     ),
     "graph_obs_box_action": (spaces.Graph(BOX2, None), BOX2),
@@ -150,8 +153,12 @@ def test_pickled_action_that_cannot_be_batched_is_refused_before_dispatch():
     env, ref = fastvec.AsyncVectorEnv(fns, num_workers=2), SyncVectorEnv(fns)
     try:
         assert_same(env.reset(seed=2), ref.reset(seed=2), "reset")
-        for bad, error in [(("ab", "cd"), ValueError), ("abc", ActionTypeError), (None, ValueError),
-                           (("ab", "cd", "ef", "gh"), ValueError)]:
+        for bad, error in [
+            (("ab", "cd"), ValueError),
+            ("abc", ActionTypeError),
+            (None, ValueError),
+            (("ab", "cd", "ef", "gh"), ValueError),
+        ]:
             with pytest.raises(error):
                 env.step(bad)
         good = ("ab", "c", "")
@@ -183,17 +190,31 @@ class EchoAction(gym.Env):
         return np.zeros(1, np.float32), 0.0, False, False, {"got": value.tolist()}
 
 
-@pytest.mark.parametrize("space, passed, refused", [
-    (spaces.Discrete(4), [np.array([4, -1, 2]), np.array([1.0, 3.0, 7.0]), np.array([True, False, True])],
-     [np.array([1.5, 0, 0]), np.array([np.nan, 0, 0]), np.array([2**63, 0, 0], np.uint64)]),
-    (spaces.Box(-1.0, 1.0, (2,), np.float32), [np.full((3, 2), 5.0), np.full((3, 2), np.nan, np.float32),
-                                                np.ones((3, 2), np.int64)],
-     [np.zeros((3, 3))]),
-    (spaces.Box(0, 255, (2,), np.uint8), [np.array([[0, 255], [3, 4], [5, 6]])],
-     [np.array([[256, 0], [0, 0], [0, 0]]), np.array([[-1, 0], [0, 0], [0, 0]])]),
-    (spaces.Box(0, 1, (3,), np.bool_), [np.array([[True, False, True]] * 3), np.eye(3, dtype=int)],
-     [np.full((3, 3), 2)]),
-])
+@pytest.mark.parametrize(
+    "space, passed, refused",
+    [
+        (
+            spaces.Discrete(4),
+            [np.array([4, -1, 2]), np.array([1.0, 3.0, 7.0]), np.array([True, False, True])],
+            [np.array([1.5, 0, 0]), np.array([np.nan, 0, 0]), np.array([2**63, 0, 0], np.uint64)],
+        ),
+        (
+            spaces.Box(-1.0, 1.0, (2,), np.float32),
+            [np.full((3, 2), 5.0), np.full((3, 2), np.nan, np.float32), np.ones((3, 2), np.int64)],
+            [np.zeros((3, 3))],
+        ),
+        (
+            spaces.Box(0, 255, (2,), np.uint8),
+            [np.array([[0, 255], [3, 4], [5, 6]])],
+            [np.array([[256, 0], [0, 0], [0, 0]]), np.array([[-1, 0], [0, 0], [0, 0]])],
+        ),
+        (
+            spaces.Box(0, 1, (3,), np.bool_),
+            [np.array([[True, False, True]] * 3), np.eye(3, dtype=int)],
+            [np.full((3, 3), 2)],
+        ),
+    ],
+)
 def test_dtype_rule_passes_what_gymnasium_passes(space, passed, refused):
     """Out-of-range values reach the env as SyncVectorEnv hands them over (in the
     space's dtype); values that dtype would change are refused, the vector env intact."""
@@ -202,12 +223,13 @@ def test_dtype_rule_passes_what_gymnasium_passes(space, passed, refused):
     try:
         env.reset(seed=0)
         ref.reset(seed=0)
+
         def got(venv, actions):
             return np.array([np.asarray(g, np.float64) for g in venv.step(actions)[4]["got"]])
 
         for k, actions in enumerate(passed):
             np.testing.assert_array_equal(got(env, actions), got(ref, actions), err_msg=f"passed #{k}")
-        for k, actions in enumerate(refused):
+        for actions in refused:
             with pytest.raises(ValueError):
                 env.step(actions)
         np.testing.assert_array_equal(got(env, passed[0]), got(ref, passed[0]))

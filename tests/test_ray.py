@@ -23,6 +23,7 @@ Ray puts the driver's working directory on its workers' ``sys.path``: the cluste
 started from ``tests/`` so the actors import ``envs``/``fault_envs`` from here and
 fastvec from wherever the tests import it (never a source tree shadowing a wheel).
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,17 +42,16 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
-
-import fastvec  # noqa: E402
-import fastvec.ray as fr  # noqa: E402
-from fastvec.ray.placement import split_weighted  # noqa: E402
-from fastvec import WorkerError  # noqa: E402
-
 import conftest  # noqa: E402
 import fault_envs as fe  # noqa: E402
 from envs import DictTupleEnv, FlatInfoEnv, ImageEnv, RandomEndEnv, raising_factory  # noqa: E402
 from helpers import assert_same  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+import fastvec  # noqa: E402
+import fastvec.ray as fr  # noqa: E402
+from fastvec import WorkerError  # noqa: E402
+from fastvec.ray.placement import split_weighted  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE_CPUS = 2
@@ -87,8 +87,9 @@ def _listening(pids) -> list[tuple[int, str, int]]:
     for pid in pids:
         try:
             proc = psutil.Process(pid)
-            conns = proc.net_connections(kind="inet") if hasattr(proc, "net_connections") \
-                else proc.connections(kind="inet")
+            conns = (
+                proc.net_connections(kind="inet") if hasattr(proc, "net_connections") else proc.connections(kind="inet")
+            )
         except psutil.Error:
             continue
         out += [(pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
@@ -153,8 +154,10 @@ def cluster():
     c = None
     try:
         with fr.loopback_only():
-            c = Cluster(initialize_head=True, head_node_args={
-                "num_cpus": NODE_CPUS, "node_ip_address": "127.0.0.1", "include_dashboard": False})
+            c = Cluster(
+                initialize_head=True,
+                head_node_args={"num_cpus": NODE_CPUS, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+            )
             c.add_node(num_cpus=NODE_CPUS, node_ip_address="127.0.0.1")
             ray.init(address=c.address, log_to_driver=False, logging_level="error")
     except BaseException:
@@ -291,16 +294,34 @@ def test_split_weighted():
 GYM_CASES = [
     # (id, maker, num_envs, ray kwargs, mode, steps)
     ("cartpole-2actors-same", cartpole, 6, {"num_actors": 2}, AutoresetMode.SAME_STEP, 200),
-    ("random_end-3actors-next", RandomEndEnv, 7, {"actors_per_node": 2, "num_actors": 3, "num_cpus_per_actor": 0},
-     AutoresetMode.NEXT_STEP, 80),
-    ("random_end-2actors-same-ray_tasks", RandomEndEnv, 5, {"num_actors": 2, "local_fast_path": False},
-     AutoresetMode.SAME_STEP, 80),
+    (
+        "random_end-3actors-next",
+        RandomEndEnv,
+        7,
+        {"actors_per_node": 2, "num_actors": 3, "num_cpus_per_actor": 0},
+        AutoresetMode.NEXT_STEP,
+        80,
+    ),
+    (
+        "random_end-2actors-same-ray_tasks",
+        RandomEndEnv,
+        5,
+        {"num_actors": 2, "local_fast_path": False},
+        AutoresetMode.SAME_STEP,
+        80,
+    ),
     ("dict_tuple-2actors-disabled", DictTupleEnv, 5, {"num_actors": 2}, AutoresetMode.DISABLED, 60),
     ("flat_info-2actors-same", FlatInfoEnv, 6, {"num_actors": 2}, AutoresetMode.SAME_STEP, 100),
     ("random_end-1actor-same", RandomEndEnv, 4, {"num_actors": 1}, AutoresetMode.SAME_STEP, 60),
     # 30 KB observations, 4 envs per actor: they come back in chunks Ray sends inline
-    ("image-2actors-same-ray_tasks-chunked", functools.partial(ImageEnv, (100, 100, 3)), 8,
-     {"num_actors": 2, "local_fast_path": False}, AutoresetMode.SAME_STEP, 60),
+    (
+        "image-2actors-same-ray_tasks-chunked",
+        functools.partial(ImageEnv, (100, 100, 3)),
+        8,
+        {"num_actors": 2, "local_fast_path": False},
+        AutoresetMode.SAME_STEP,
+        60,
+    ),
 ]
 
 
@@ -335,10 +356,14 @@ def test_gym_door_matches_sync_and_local_engine(cluster, case):
         assert seen["masked"] > 0
 
 
-@pytest.mark.parametrize("maker,n,kwargs", [
-    (RandomEndEnv, 5, {"num_actors": 2}),
-    (cartpole, 6, {"num_actors": 3, "num_cpus_per_actor": 0, "local_fast_path": False}),
-], ids=["random_end-2actors", "cartpole-3actors-ray_tasks"])
+@pytest.mark.parametrize(
+    "maker,n,kwargs",
+    [
+        (RandomEndEnv, 5, {"num_actors": 2}),
+        (cartpole, 6, {"num_actors": 3, "num_cpus_per_actor": 0, "local_fast_path": False}),
+    ],
+    ids=["random_end-2actors", "cartpole-3actors-ray_tasks"],
+)
 def test_sb3_door_matches_dummy(cluster, maker, n, kwargs):
     from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
@@ -362,8 +387,11 @@ def test_sb3_door_matches_dummy(cluster, maker, n, kwargs):
             assert_same(env.reset_infos, ref.reset_infos, f"step {t} reset infos")
             dones += int(want[2].sum())
         assert dones > 0
-        assert_same(env.env_method("reset", seed=4, indices=[n - 1, 0]),
-                    ref.env_method("reset", seed=4, indices=[n - 1, 0]), "env_method")
+        assert_same(
+            env.env_method("reset", seed=4, indices=[n - 1, 0]),
+            ref.env_method("reset", seed=4, indices=[n - 1, 0]),
+            "env_method",
+        )
         assert env.get_attr("np_random_seed", indices=[1, 2]) == ref.get_attr("np_random_seed", indices=[1, 2])
         assert env.env_is_wrapped(gym.Wrapper) == ref.env_is_wrapped(gym.Wrapper)
     finally:
@@ -433,8 +461,11 @@ def test_trainer_backend_layout(cluster):
                 for e in (eng, local):
                     e.act_bufs[0][t + 1] = acts
                     e.step_async(IN_SLOT, t + 1)
-                assert_same(eng.step_wait().env_records(), local.step_wait().env_records(),
-                            f"rollout {rollout} step {t} records")
+                assert_same(
+                    eng.step_wait().env_records(),
+                    local.step_wait().env_records(),
+                    f"rollout {rollout} step {t} records",
+                )
             for name in ("obs_bufs", "final_bufs"):
                 got, want = getattr(eng, name)[0], getattr(local, name)[0]
                 done = eng.terminated[1:] | eng.truncated[1:]
@@ -453,16 +484,21 @@ def test_trainer_backend_layout(cluster):
 
 
 def test_steps_are_pipelined(cluster):
-    """Actions reach every actor at once: two actors that each take 1 s on one step
-    finish that step in about 1 s, not 2."""
+    """Actions reach every actor at once: two actors that each sleep 1 s in one step
+    sleep at the same time, not one after the other (shown by the sleeps' own clocks, so
+    a slow host cannot make or break it), and the step returns after both."""
     env = opened(fr.AsyncVectorEnv(faulty_fns(4), num_actors=2, num_cpus_per_actor=0))
     try:
         env.reset(seed=0)
         env.set_attr("arm_step", ["slow", None, "slow", None])
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         env.step(np.zeros(4, np.int64))
-        took = time.perf_counter() - t0
-        assert 0.9 < took < 1.9, took  # one after the other would take 2 s
+        t1 = time.monotonic()
+        spans = env.get_attr("slow_span")
+        (a0, a1), (b0, b1) = spans[0], spans[2]  # env 0 on actor 0, env 2 on actor 1
+        assert spans[1] is None and spans[3] is None, spans
+        assert max(a0, b0) < min(a1, b1), f"the actors slept one after the other: {spans}"
+        assert t0 <= min(a0, b0) and max(a1, b1) <= t1, (t0, spans, t1)
     finally:
         env.close()
 
@@ -495,8 +531,11 @@ def _stop(pid: int, timeout: float = 5.0) -> None:
 @pytest.mark.parametrize("victim", [0, 1], ids=["fast_path_actor", "remote_actor"])
 def test_killed_actor_raises_worker_error(cluster, door, victim):
     fns = faulty_fns(4)
-    env = opened(fr.AsyncVectorEnv(fns, num_actors=2, num_cpus_per_actor=0) if door == "gym"
-                 else fr.SubprocVecEnv(fns, num_actors=2, num_cpus_per_actor=0))
+    env = opened(
+        fr.AsyncVectorEnv(fns, num_actors=2, num_cpus_per_actor=0)
+        if door == "gym"
+        else fr.SubprocVecEnv(fns, num_actors=2, num_cpus_per_actor=0)
+    )
     try:
         env.reset(seed=1) if door == "gym" else env.reset()
         name = "AsyncVectorEnv" if door == "gym" else "SubprocVecEnv"
@@ -599,16 +638,22 @@ def test_env_raises_in_step(cluster):
         env.close()
 
 
-@pytest.mark.parametrize("door,victim", [("gym", 1), ("sb3", 1), ("gym", 0)],
-                         ids=["gym-remote_actor", "sb3-remote_actor", "gym-fast_path_actor"])
+@pytest.mark.parametrize(
+    "door,victim",
+    [("gym", 1), ("sb3", 1), ("gym", 0)],
+    ids=["gym-remote_actor", "sb3-remote_actor", "gym-fast_path_actor"],
+)
 def test_restart_on_error_replaces_a_killed_actor(cluster, door, victim):
     fns = faulty_fns(4)
     mine = (0, 1) if victim == 0 else (2, 3)
     others = (2, 3) if victim == 0 else (0, 1)
     expect = [i in mine for i in range(4)]
     kwargs = dict(num_actors=2, num_cpus_per_actor=0, restart_on_error=True)
-    env = opened(fr.AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs) if door == "gym"
-                 else fr.SubprocVecEnv(fns, **kwargs))
+    env = opened(
+        fr.AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
+        if door == "gym"
+        else fr.SubprocVecEnv(fns, **kwargs)
+    )
     try:
         first = env.reset(seed=1) if door == "gym" else env.reset()
         acts = np.zeros(4, np.int64)
@@ -647,8 +692,16 @@ def test_restart_on_error_replaces_a_killed_actor(cluster, door, victim):
 
 
 def test_restart_on_error_env_raises_restarts_one_worker(cluster):
-    env = opened(fr.AsyncVectorEnv(faulty_fns(4), num_actors=1, workers_per_actor=2, num_cpus_per_actor=0,
-                                   restart_on_error=True, autoreset_mode=AutoresetMode.SAME_STEP))
+    env = opened(
+        fr.AsyncVectorEnv(
+            faulty_fns(4),
+            num_actors=1,
+            workers_per_actor=2,
+            num_cpus_per_actor=0,
+            restart_on_error=True,
+            autoreset_mode=AutoresetMode.SAME_STEP,
+        )
+    )
     try:
         env.reset(seed=1)
         env.set_attr("arm_step", [None, None, None, "raise"])
@@ -687,27 +740,30 @@ def test_bad_actions_dispatch_nothing(cluster):
 
 
 # --------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("kwargs,match", [
-    ({"num_actors": 0}, "num_actors"),
-    ({"num_actors": True}, "num_actors"),
-    ({"num_actors": "2"}, "num_actors"),
-    ({"num_actors": 5}, "exceeds num_envs"),
-    ({"actors_per_node": 0}, "actors_per_node"),
-    ({"envs_per_actor": -1}, "envs_per_actor"),
-    ({"envs_per_actor": 2, "num_actors": 3}, "does not match"),
-    ({"workers_per_actor": 0}, "workers_per_actor"),
-    ({"num_cpus_per_actor": -1}, "num_cpus_per_actor"),
-    ({"num_cpus_per_actor": 1.5}, "whole number"),
-    ({"num_slots": 0}, "num_slots"),
-    ({"autoreset_mode": "sometimes"}, "autoreset_mode"),
-    ({"step_timeout": 0}, "step_timeout"),
-    ({"step_timeout": float("nan")}, "step_timeout"),
-    ({"context": "thread"}, "context"),
-    ({"ray_address": ""}, "ray_address"),
-    ({"ray_address": 6379}, "ray_address"),
-    ({"ray_init_kwargs": ["num_cpus", 1]}, "ray_init_kwargs"),
-    ({"spin_us": -1}, "spin_us"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"num_actors": 0}, "num_actors"),
+        ({"num_actors": True}, "num_actors"),
+        ({"num_actors": "2"}, "num_actors"),
+        ({"num_actors": 5}, "exceeds num_envs"),
+        ({"actors_per_node": 0}, "actors_per_node"),
+        ({"envs_per_actor": -1}, "envs_per_actor"),
+        ({"envs_per_actor": 2, "num_actors": 3}, "does not match"),
+        ({"workers_per_actor": 0}, "workers_per_actor"),
+        ({"num_cpus_per_actor": -1}, "num_cpus_per_actor"),
+        ({"num_cpus_per_actor": 1.5}, "whole number"),
+        ({"num_slots": 0}, "num_slots"),
+        ({"autoreset_mode": "sometimes"}, "autoreset_mode"),
+        ({"step_timeout": 0}, "step_timeout"),
+        ({"step_timeout": float("nan")}, "step_timeout"),
+        ({"context": "thread"}, "context"),
+        ({"ray_address": ""}, "ray_address"),
+        ({"ray_address": 6379}, "ray_address"),
+        ({"ray_init_kwargs": ["num_cpus", 1]}, "ray_init_kwargs"),
+        ({"spin_us": -1}, "spin_us"),
+    ],
+)
 def test_bad_arguments(kwargs, match):
     """Rejected before anything starts (no Ray connection is needed)."""
     with pytest.raises(ValueError, match=match):
@@ -734,8 +790,7 @@ def test_bad_placement_and_spaces(cluster):
     with pytest.raises(ValueError, match="all envs of a vector env must share their spaces"):
         fr.RayEngine([cartpole, cartpole, RandomEndEnv, RandomEndEnv], num_actors=2, num_cpus_per_actor=0)
     with pytest.raises(WorkerError) as info:
-        fr.RayEngine([cartpole, cartpole, cartpole, raising_factory],
-                     num_actors=2, num_cpus_per_actor=0)
+        fr.RayEngine([cartpole, cartpole, cartpole, raising_factory], num_actors=2, num_cpus_per_actor=0)
     assert info.value.env_index == 3 and info.value.exc_type == "ValueError"
     assert not _actor_processes() or _wait_no_actors()
 
@@ -804,8 +859,7 @@ def test_local_instance_is_loopback_and_goes_away(tmp_path):
     script = tmp_path / "local_ray.py"
     script.write_text(LOCAL_SCRIPT)
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, str(script)], cwd=HERE, env=env, capture_output=True,
-                          text=True, timeout=180)
+    proc = subprocess.run([sys.executable, str(script)], cwd=HERE, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["nodes"] == ["127.0.0.1"]
@@ -839,8 +893,15 @@ def test_killed_driver_leaves_no_actor_or_segment(tmp_path):
     script = tmp_path / "driver.py"
     script.write_text(KILLED_DRIVER_SCRIPT)
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=HERE, env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=HERE,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         report = json.loads(proc.stdout.readline())
     finally:
@@ -866,9 +927,27 @@ def test_train_cli_with_ray_backend(tmp_path):
     env.pop("PYTHONPATH", None)
     results = {}
     for backend in ("ray", "engine"):
-        cmd = [sys.executable, "-m", "fastvec", "train", "CartPole-v1", "--num-envs", "4",
-               "--total-steps", "3072", "--set", "n_steps=64", "--no-progress", "--no-tensorboard",
-               "--logdir", str(tmp_path / backend), "--seed", "3", "--backend", backend]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fastvec",
+            "train",
+            "CartPole-v1",
+            "--num-envs",
+            "4",
+            "--total-steps",
+            "3072",
+            "--set",
+            "n_steps=64",
+            "--no-progress",
+            "--no-tensorboard",
+            "--logdir",
+            str(tmp_path / backend),
+            "--seed",
+            "3",
+            "--backend",
+            backend,
+        ]
         if backend == "ray":
             cmd += ["--actors", "2"]
         proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)

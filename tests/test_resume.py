@@ -5,6 +5,7 @@ The exactness reference: N updates, a checkpoint, then the envs reset and M more
 in the same process, against a fresh process that loads the checkpoint, resets the envs
 the same way and runs M updates: the weights must be identical.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,13 +16,13 @@ import subprocess
 import sys
 import time
 
+import conftest
 import gymnasium as gym
 import numpy as np
 import psutil
 import pytest
 import torch
 
-import conftest
 from fastvec.engine import Engine
 from fastvec.train import PPO, EngineStorage, PPOConfig, apply_overrides, load_checkpoint
 from fastvec.train.checkpoints import resume_checkpoint, save_checkpoint
@@ -59,8 +60,13 @@ def cartpole_cfg(**changes) -> PPOConfig:
 
 
 def storage(cfg: PPOConfig, env_id="CartPole-v1") -> EngineStorage:
-    eng = Engine([env_factory(env_id, {})] * cfg.num_envs, num_workers=cfg.num_workers, context="fork",
-                 num_slots=cfg.n_steps + 1, autoreset_mode="same_step")
+    eng = Engine(
+        [env_factory(env_id, {})] * cfg.num_envs,
+        num_workers=cfg.num_workers,
+        context="fork",
+        num_slots=cfg.n_steps + 1,
+        autoreset_mode="same_step",
+    )
     return EngineStorage(eng)
 
 
@@ -114,8 +120,7 @@ def test_resume_is_exact(tmp_path, changes):
         iterate(ppo2, M)
         assert torch.equal(ppo2.flat_param.detach(), ref_params)
         assert torch.equal(ppo2.opt.m, ref_m) and torch.equal(ppo2.opt.v, ref_v)
-        assert (ppo2.env_steps, ppo2.updates, ppo2.tracker.episodes, list(ppo2.tracker.window),
-                ppo2.opt.t) == ref
+        assert (ppo2.env_steps, ppo2.updates, ppo2.tracker.episodes, list(ppo2.tracker.window), ppo2.opt.t) == ref
         if ref_scaler is not None:
             assert ppo2.reward_scaler.state() == ref_scaler
     finally:
@@ -143,8 +148,13 @@ def test_resume_exactness_check_can_fail(tmp_path):
     try:
         from fastvec.train.policies import make_policy
 
-        pol = make_policy(st2.single_observation_space, st2.single_action_space, hidden=cfg.hidden,
-                          activation=cfg.activation, ortho_init=False)
+        pol = make_policy(
+            st2.single_observation_space,
+            st2.single_action_space,
+            hidden=cfg.hidden,
+            activation=cfg.activation,
+            ortho_init=False,
+        )
         pol.load_state_dict(weights)
         ppo2 = PPO(cfg, st2, torch.device("cpu"), pol)
         ppo2.load_train_state(state)
@@ -161,8 +171,9 @@ def test_run_training_resume_continues_counters_and_logs(tmp_path):
     one metrics.jsonl with strictly increasing steps, TensorBoard without duplicates,
     the whole run's steps in the result, ``resumed`` and ``interrupted`` set right."""
     run = str(tmp_path / "run")
-    cfg = cartpole_cfg(total_steps=16 * 256, log_every_s=1e-6, checkpoint_every=1024, keep_checkpoints=2,
-                       stop_at_return=1e9)
+    cfg = cartpole_cfg(
+        total_steps=16 * 256, log_every_s=1e-6, checkpoint_every=1024, keep_checkpoints=2, stop_at_return=1e9
+    )
     calls = {"n": 0}
 
     def stop():
@@ -223,8 +234,12 @@ def test_cli_resume_bad_input(tmp_path, capsys):
     _one_line_error(capsys, cli_main("train", ["--resume", str(tmp_path / "empty")]), "holds no checkpoint")
     _one_line_error(capsys, cli_main("train", []), "give an env id")
     run = tmp_path / "run"
-    assert cli_main("train", ["CartPole-v1", "--total-steps", "512", "--logdir", str(run), "--no-progress",
-                              "--no-tensorboard"]) == 0
+    assert (
+        cli_main(
+            "train", ["CartPole-v1", "--total-steps", "512", "--logdir", str(run), "--no-progress", "--no-tensorboard"]
+        )
+        == 0
+    )
     capsys.readouterr()
     r = str(run)
     _one_line_error(capsys, cli_main("train", ["Acrobot-v1", "--resume", r]), "a run of CartPole-v1, not Acrobot-v1")
@@ -245,9 +260,27 @@ def test_cli_resume_bad_input(tmp_path, capsys):
 
 def test_periodic_checkpoints_keep_the_last_k_and_skip_broken_files(tmp_path, capsys):
     run = tmp_path / "run"
-    assert cli_main("train", ["CartPole-v1", "--total-steps", "3000", "--logdir", str(run), "--no-progress",
-                              "--no-tensorboard", "--checkpoint-every", "5e2", "--set", "keep_checkpoints=2",
-                              "--set", "stop_at_return=1e9"]) == 0
+    assert (
+        cli_main(
+            "train",
+            [
+                "CartPole-v1",
+                "--total-steps",
+                "3000",
+                "--logdir",
+                str(run),
+                "--no-progress",
+                "--no-tensorboard",
+                "--checkpoint-every",
+                "5e2",
+                "--set",
+                "keep_checkpoints=2",
+                "--set",
+                "stop_at_return=1e9",
+            ],
+        )
+        == 0
+    )
     names = sorted(os.listdir(run / "checkpoints"))
     assert len(names) == 2 and all(n.startswith("step-") for n in names), names
     assert not [n for n in os.listdir(run) if n.startswith(".tmp")]
@@ -275,8 +308,19 @@ def _child_env():
 
 
 def _train_cmd(run, *extra):
-    return [sys.executable, "-m", "fastvec", "train", "CartPole-v1", "--logdir", str(run), "--no-progress",
-            "--set", "log_every_s=0.05", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "fastvec",
+        "train",
+        "CartPole-v1",
+        "--logdir",
+        str(run),
+        "--no-progress",
+        "--set",
+        "log_every_s=0.05",
+        *extra,
+    ]
 
 
 def _wait_for(cond, timeout, what):
@@ -316,8 +360,9 @@ def _assert_nothing_left(kids, segs, timeout=10.0):
 
 
 def _start(cmd, run, rows=2):
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env(),
-                         cwd=str(run.parent))
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env(), cwd=str(run.parent)
+    )
     try:
         _wait_for(lambda: _metrics_rows(run) >= rows or p.poll() is not None, 120, "the run to start logging")
         assert p.poll() is None, p.communicate()
@@ -346,9 +391,24 @@ def test_signal_stops_at_a_safe_point_with_a_checkpoint(tmp_path, sig, code):
     if sig != signal.SIGINT:
         return  # resuming after an interruption: once is enough (SIGINT)
     # ... and the run continues from there
-    out2 = subprocess.run([sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress",
-                           "--total-steps", str(res["env_steps"] + 1000)], capture_output=True, text=True,
-                          timeout=120, env=_child_env(), cwd=str(tmp_path))
+    out2 = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastvec",
+            "train",
+            "--resume",
+            str(run),
+            "--no-progress",
+            "--total-steps",
+            str(res["env_steps"] + 1000),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_child_env(),
+        cwd=str(tmp_path),
+    )
     assert out2.returncode == 0, out2.stderr
     res2 = json.loads(out2.stdout.strip().splitlines()[-1])
     assert res2["resumed"] and not res2["interrupted"] and res2["env_steps"] >= res["env_steps"] + 1000
@@ -357,8 +417,9 @@ def test_signal_stops_at_a_safe_point_with_a_checkpoint(tmp_path, sig, code):
 def test_second_ctrl_c_exits_at_once(tmp_path):
     run = tmp_path / "run"
     # long rollouts: the first Ctrl-C has a while to wait for its safe point
-    p, held = _start(_train_cmd(run, "--total-steps", "1e6", "--set", "n_steps=4096", "--set", "stop_at_return=1e9"),
-                     run, rows=1)
+    p, held = _start(
+        _train_cmd(run, "--total-steps", "1e6", "--set", "n_steps=4096", "--set", "stop_at_return=1e9"), run, rows=1
+    )
     p.send_signal(signal.SIGINT)
     time.sleep(0.1)
     p.send_signal(signal.SIGINT)
@@ -374,15 +435,22 @@ def test_kill_9_then_resume_counts_every_step_once(tmp_path):
     continue without a duplicate, nothing is left behind."""
     total = 16_000
     run = tmp_path / "run"
-    p, held = _start(_train_cmd(run, "--total-steps", str(total), "--checkpoint-every", "2048",
-                                "--set", "stop_at_return=1e9"), run)
+    p, held = _start(
+        _train_cmd(run, "--total-steps", str(total), "--checkpoint-every", "2048", "--set", "stop_at_return=1e9"), run
+    )
     _wait_for(lambda: os.path.isdir(run / "checkpoints") and os.listdir(run / "checkpoints"), 60, "a checkpoint")
     time.sleep(np.random.default_rng().uniform(0.0, 0.5))
     p.kill()
     p.communicate()
     _assert_nothing_left(*held)
-    out = subprocess.run([sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress"],
-                         capture_output=True, text=True, timeout=300, env=_child_env(), cwd=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_child_env(),
+        cwd=str(tmp_path),
+    )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     rollout = 8 * 32  # the CartPole preset: 8 envs x n_steps 32
@@ -415,10 +483,24 @@ def test_kill_9_during_a_checkpoint_write_leaves_the_previous_one(tmp_path):
     marker = tmp_path / "writing"
     script = tmp_path / "harness.py"
     script.write_text(KILL_DURING_WRITE)
-    cmd = [sys.executable, str(script), str(marker), "CartPole-v1", "--logdir", str(run), "--no-progress",
-           "--total-steps", "8000", "--checkpoint-every", "1024", "--set", "stop_at_return=1e9"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env(),
-                         cwd=str(tmp_path))
+    cmd = [
+        sys.executable,
+        str(script),
+        str(marker),
+        "CartPole-v1",
+        "--logdir",
+        str(run),
+        "--no-progress",
+        "--total-steps",
+        "8000",
+        "--checkpoint-every",
+        "1024",
+        "--set",
+        "stop_at_return=1e9",
+    ]
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env(), cwd=str(tmp_path)
+    )
     try:
         _wait_for(lambda: marker.exists() or p.poll() is not None, 120, "the second checkpoint write")
         assert p.poll() is None, p.communicate()
@@ -432,8 +514,14 @@ def test_kill_9_during_a_checkpoint_write_leaves_the_previous_one(tmp_path):
     path, ck = resume_checkpoint(str(run))  # the torn temporary is removed, the first one loads
     assert path.endswith("step-000000001024.pt") and ck["train_state"]["env_steps"] == 1024
     assert not [f for f in os.listdir(run / "checkpoints") if f.startswith(".tmp-")]
-    out = subprocess.run([sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress"],
-                         capture_output=True, text=True, timeout=300, env=_child_env(), cwd=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_child_env(),
+        cwd=str(tmp_path),
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1])["env_steps"] >= 8000
 
@@ -447,23 +535,36 @@ def test_kill_9_at_random_moments_still_solves(tmp_path):
     base = ["--stop-at-return", "475", "--total-steps", "300000", "--checkpoint-every", "4096"]
     first = True
     for _ in range(2):
-        cmd = _train_cmd(run, *base) if first else [sys.executable, "-m", "fastvec", "train", "--resume",
-                                                    str(run), "--no-progress"]
+        cmd = (
+            _train_cmd(run, *base)
+            if first
+            else [sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress"]
+        )
         rows = _metrics_rows(run)
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env(),
-                             cwd=str(tmp_path))
+        p = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env(), cwd=str(tmp_path)
+        )
         _wait_for(lambda: _metrics_rows(run) > rows + 1 or p.poll() is not None, 120, "progress")
         if first:  # a run killed before its first checkpoint has nothing to resume from
-            _wait_for(lambda: (run / "checkpoints").is_dir() and os.listdir(run / "checkpoints")
-                      or p.poll() is not None, 120, "the first checkpoint")
+            _wait_for(
+                lambda: (run / "checkpoints").is_dir() and os.listdir(run / "checkpoints") or p.poll() is not None,
+                120,
+                "the first checkpoint",
+            )
         if p.poll() is not None:
             break  # solved before the kill
         time.sleep(rng.uniform(0.0, 1.5))
         p.kill()
         p.communicate()
         first = False
-    out = subprocess.run([sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress"],
-                         capture_output=True, text=True, timeout=600, env=_child_env(), cwd=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_child_env(),
+        cwd=str(tmp_path),
+    )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["solved"] and res["final_mean_return"] >= 475, res
@@ -476,13 +577,29 @@ def test_restart_limit_ends_the_run_with_a_checkpoint(tmp_path, capsys):
     gym.register("FastvecTestBrokenCartPole-v0", entry_point=FlakyCartPole, kwargs={"p": 0.02})
     try:
         run = tmp_path / "run"
-        code = cli_main("train", ["FastvecTestBrokenCartPole-v0", "--total-steps", "50000", "--logdir", str(run),
-                                  "--no-progress", "--no-tensorboard", "--set", "max_restarts=3",
-                                  "--set", "num_workers=2"])
+        code = cli_main(
+            "train",
+            [
+                "FastvecTestBrokenCartPole-v0",
+                "--total-steps",
+                "50000",
+                "--logdir",
+                str(run),
+                "--no-progress",
+                "--no-tensorboard",
+                "--set",
+                "max_restarts=3",
+                "--set",
+                "num_workers=2",
+            ],
+        )
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 1
-        m = re.match(r"fastvec train: error: RestartLimitError: (\d) worker restarts within 50000 env steps "
-                     r"\(max_restarts=3\); the last: env \d raised RuntimeError: flaky env", err[-1])
+        m = re.match(
+            r"fastvec train: error: RestartLimitError: (\d) worker restarts within 50000 env steps "
+            r"\(max_restarts=3\); the last: env \d raised RuntimeError: flaky env",
+            err[-1],
+        )
         assert m and m.group(1) in "45", err[-1]  # 5: two workers failed in the same step
         assert "--resume" in err[-1]
         ck = load_checkpoint(str(run / "checkpoint.pt"))
@@ -494,9 +611,20 @@ def test_restart_limit_ends_the_run_with_a_checkpoint(tmp_path, capsys):
 def test_restart_on_error_false_fails_on_the_first_error(tmp_path, capsys):
     gym.register("FastvecTestBrokenCartPole-v1", entry_point=FlakyCartPole, kwargs={"p": 0.02})
     try:
-        code = cli_main("train", ["FastvecTestBrokenCartPole-v1", "--total-steps", "50000", "--logdir",
-                                  str(tmp_path / "r"), "--no-progress", "--no-tensorboard",
-                                  "--set", "restart_on_error=false"])
+        code = cli_main(
+            "train",
+            [
+                "FastvecTestBrokenCartPole-v1",
+                "--total-steps",
+                "50000",
+                "--logdir",
+                str(tmp_path / "r"),
+                "--no-progress",
+                "--no-tensorboard",
+                "--set",
+                "restart_on_error=false",
+            ],
+        )
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 1 and "WorkerError" in err[-1] and "flaky env" in err[-1], err
         assert os.path.exists(tmp_path / "r" / "checkpoint.pt")
@@ -535,9 +663,24 @@ def test_hung_env_is_replaced_after_step_timeout(tmp_path, capsys, restart):
     before = {p.pid for p in conftest._live_children()}  # e.g. an earlier test's forkserver
     try:
         t0 = time.monotonic()
-        code = cli_main("train", ["FastvecTestHangingCartPole-v0", "--total-steps", "4000", "--seed", "3",
-                                  "--logdir", str(tmp_path / "r"), "--no-progress", "--no-tensorboard",
-                                  "--set", "step_timeout=2", "--set", f"restart_on_error={restart}"])
+        code = cli_main(
+            "train",
+            [
+                "FastvecTestHangingCartPole-v0",
+                "--total-steps",
+                "4000",
+                "--seed",
+                "3",
+                "--logdir",
+                str(tmp_path / "r"),
+                "--no-progress",
+                "--no-tensorboard",
+                "--set",
+                "step_timeout=2",
+                "--set",
+                f"restart_on_error={restart}",
+            ],
+        )
         took = time.monotonic() - t0
     finally:
         gym.registry.pop("FastvecTestHangingCartPole-v0", None)
@@ -563,8 +706,9 @@ def test_flaky_env_trains_through_its_failures(tmp_path):
     try:
         cfg = cartpole_cfg(total_steps=20_000, log_every_s=0.05)
         with pytest.warns(RuntimeWarning, match="restarted"):
-            res = run_training("FastvecTestFlakierCartPole-v0", cfg, run_dir=str(tmp_path / "run"), progress=False,
-                               tensorboard=False)
+            res = run_training(
+                "FastvecTestFlakierCartPole-v0", cfg, run_dir=str(tmp_path / "run"), progress=False, tensorboard=False
+            )
     finally:
         gym.registry.pop("FastvecTestFlakierCartPole-v0", None)
     assert res["env_steps"] >= 20_000 and not res["interrupted"]

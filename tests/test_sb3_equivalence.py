@@ -4,6 +4,7 @@ Same env factories, seeds, options and actions; observations (values and dtypes)
 rewards (float32), dones, infos (``terminal_observation``, ``TimeLimit.truncated``) and
 ``reset_infos`` must match after every step.
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,12 +13,12 @@ import warnings
 import gymnasium as gym
 import numpy as np
 import pytest
+from envs import DictTupleEnv, FlatInfoEnv, RandomEndEnv, SteadyInfoEnv
+from helpers import assert_same, copy_nested, count_builds, leaves
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 import fastvec
-from envs import DictTupleEnv, RandomEndEnv, FlatInfoEnv, SteadyInfoEnv
-from helpers import assert_same, copy_nested, count_builds, leaves
 
 LAYOUTS = [(3, 1), (5, 2), (4, 3)]
 
@@ -35,8 +36,13 @@ def make_random_end():
     return RandomEndEnv()
 
 
-ENV_MAKERS = {"cartpole": make_cartpole, "dict": make_dict, "random_end": make_random_end, "flat_info": FlatInfoEnv,
-              "steady_info": SteadyInfoEnv}
+ENV_MAKERS = {
+    "cartpole": make_cartpole,
+    "dict": make_dict,
+    "random_end": make_random_end,
+    "flat_info": FlatInfoEnv,
+    "steady_info": SteadyInfoEnv,
+}
 
 
 def make_pair(maker, num_envs, num_workers=2, **kwargs):
@@ -81,7 +87,7 @@ def run_lockstep(env, ref, steps, seed):
     return seen
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"{l[0]}envs-{l[1]}w")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: f"{lay[0]}envs-{lay[1]}w")
 @pytest.mark.parametrize("env_name", list(ENV_MAKERS))
 def test_lockstep_matches_dummy(env_name, layout):
     num_envs, num_workers = layout

@@ -1,6 +1,7 @@
 """Stable-Baselines3 accepts ``fastvec.SubprocVecEnv``: algorithms, VecEnv wrappers, and
 the checks of SB3's own vec-env test suite (tests/test_vec_envs.py), re-implemented here
 and run against both ``DummyVecEnv`` and ``fastvec.SubprocVecEnv``."""
+
 from __future__ import annotations
 
 import functools
@@ -11,7 +12,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from envs import ImageEnv, RandomEndEnv, SB3CustomEnv, StepCounterEnv
 from gymnasium import spaces
+from helpers import assert_same
 from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.monitor import Monitor
@@ -25,8 +28,6 @@ from stable_baselines3.common.vec_env import (
 )
 
 import fastvec
-from envs import ImageEnv, RandomEndEnv, SB3CustomEnv, StepCounterEnv
-from helpers import assert_same
 
 N_ENVS = 3
 
@@ -53,10 +54,14 @@ def _params(model):
     return [p.detach().clone() for p in model.policy.parameters()]
 
 
-@pytest.mark.parametrize("algo,kwargs", [
-    (PPO, dict(n_steps=32, batch_size=32, n_epochs=2)),
-    (A2C, dict(n_steps=8)),
-], ids=["PPO", "A2C"])
+@pytest.mark.parametrize(
+    "algo,kwargs",
+    [
+        (PPO, dict(n_steps=32, batch_size=32, n_epochs=2)),
+        (A2C, dict(n_steps=8)),
+    ],
+    ids=["PPO", "A2C"],
+)
 def test_algorithm_learns_identically_to_dummy(algo, kwargs):
     """Same seed, same envs: training on fastvec gives bit-identical weights to
     training on DummyVecEnv (the rollouts must have been identical)."""
@@ -393,8 +398,11 @@ def test_vec_seeding(vec_env_class):
 
     makers = [vec_env_class]
     if vec_env_class is not DummyVecEnv:
-        makers = [functools.partial(fastvec.SubprocVecEnv, start_method=m)
-                  for m in ("fork", "forkserver", "spawn") if m in multiprocessing.get_all_start_methods()]
+        makers = [
+            functools.partial(fastvec.SubprocVecEnv, start_method=m)
+            for m in ("fork", "forkserver", "spawn")
+            if m in multiprocessing.get_all_start_methods()
+        ]
     for maker in makers:
         vec_env = maker([make_env] * 3)
         try:

@@ -1,5 +1,6 @@
 """``torch_threads``: the doors give the caller's torch the cores their workers leave,
 and put back what they changed."""
+
 from __future__ import annotations
 
 import gymnasium as gym

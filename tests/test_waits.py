@@ -2,10 +2,11 @@
 a learner's long pause, other commands), results stay those of the serial reference,
 and each side's forecast follows what it measured.
 
-No speed is asserted here (that is ``fastvec bench --only loops``); what is asserted is
+No speed is asserted here (that is ``benchmarks/bench_loops.py``); what is asserted is
 that napping, spinning and sleeping in any order lose no command and no reply, and
 (counted, not timed: ``Engine.wait_counts``) which of them each side chose.
 """
+
 from __future__ import annotations
 
 import time
@@ -13,11 +14,11 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
+from envs import FlatInfoEnv, RandomEndEnv
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same
 
 import fastvec
-from envs import FlatInfoEnv, RandomEndEnv
-from helpers import assert_same
 from fastvec.engine import Engine
 from fastvec.options import EngineOptions
 
@@ -31,8 +32,7 @@ def busy(seconds: float) -> None:
 
 # Gaps in seconds between steps: back to back, a policy's worth, long ones, one learner
 # pause, and gaps that change abruptly (so forecasts are wrong in both directions).
-SCHEDULE = ([0.0] * 25 + [0.002] * 25 + [0.0, 0.004, 0.0001, 0.001, 0.0] * 6 + [0.3]
-            + [0.0005] * 20 + [0.01, 0.0] * 5)
+SCHEDULE = [0.0] * 25 + [0.002] * 25 + [0.0, 0.004, 0.0001, 0.001, 0.0] * 6 + [0.3] + [0.0005] * 20 + [0.01, 0.0] * 5
 
 
 class SlowStepEnv(gym.Env):
@@ -124,7 +124,7 @@ def test_fixed_spins_learn_nothing():
 @pytest.mark.parametrize("delay", [0.001, 0.005], ids=["spun_through", "napped"])
 def test_step_timeout_still_holds_while_spinning_or_napping(delay):
     # The forecast says ~1 ms (spun through) or ~5 ms (napped: over SPIN_THROUGH_NS); then
-    # one step takes 2 s: neither the spin nor the nap may outlast step_timeout.
+    # one step takes 20 s: neither the spin nor the nap may outlast step_timeout (0.5 s).
     class Stalls(SlowStepEnv):
         def __init__(self):
             super().__init__(delay)
@@ -133,7 +133,7 @@ def test_step_timeout_still_holds_while_spinning_or_napping(delay):
         def step(self, action):
             self.n += 1
             if self.n == 25:
-                time.sleep(2.0)
+                time.sleep(20.0)  # killed by close() long before
             return super().step(action)
 
     with Engine([Stalls] * 2, EngineOptions(step_timeout=0.5, context="fork"), num_workers=2) as eng:
@@ -143,7 +143,9 @@ def test_step_timeout_still_holds_while_spinning_or_napping(delay):
         t0 = time.perf_counter()
         with pytest.raises(fastvec.WorkerError, match="did not answer"):
             eng.step(np.zeros(2, dtype=np.int64), 0)
-        assert time.perf_counter() - t0 < 1.5
+        # generous (10 times step_timeout, for a loaded host): a wait that outlasted the
+        # timeout would have had the env's answer after 20 s and raised nothing
+        assert time.perf_counter() - t0 < 5.0
 
 
 def _count_waits(eng, steps: int, gap: float = 0.0, warm_up: int = 30) -> dict:
@@ -159,8 +161,10 @@ def _count_waits(eng, steps: int, gap: float = 0.0, warm_up: int = 30) -> dict:
             eng.step(actions, t % 2)
 
     def flat(c):
-        return {"parent": (c["parent"]["naps"], c["parent"]["sleeps"]),
-                **{w: (c["workers"][w]["naps"], c["workers"][w]["sleeps"]) for w in range(eng.num_workers)}}
+        return {
+            "parent": (c["parent"]["naps"], c["parent"]["sleeps"]),
+            **{w: (c["workers"][w]["naps"], c["workers"][w]["sleeps"]) for w in range(eng.num_workers)},
+        }
 
     run(warm_up)
     before = flat(eng.wait_counts())
@@ -173,10 +177,25 @@ def _count_waits(eng, steps: int, gap: float = 0.0, warm_up: int = 30) -> dict:
 
 
 def _cartpoles(**options) -> Engine:
-    eng = Engine([lambda: gym.make("CartPole-v1")] * 4, EngineOptions(autoreset_mode="next_step", **options),
-                 num_workers=2)
+    eng = Engine(
+        [lambda: gym.make("CartPole-v1")] * 4, EngineOptions(autoreset_mode="next_step", **options), num_workers=2
+    )
     eng.reset(0, {i: {"seed": i} for i in range(4)})
     return eng
+
+
+def _until(what: str, count, ok, tries: int = 3) -> dict:
+    """``count()`` until ``ok`` holds for its counts, at most ``tries`` times. A process of
+    someone else's on our 2 cores makes every wait long (and then napping or sleeping is
+    right), so one of the tries must find the machine quiet; what must hold whatever the
+    load is asserted inside ``count``, on every try."""
+    seen = []
+    for _ in range(tries):
+        counts = count()
+        seen.append(counts)
+        if ok(counts):
+            return counts
+    pytest.fail(f"{what}, in {tries} tries: {seen}")
 
 
 def test_short_waits_are_spun_long_ones_napped():
@@ -185,40 +204,54 @@ def test_short_waits_are_spun_long_ones_napped():
     # napped towards its forecast, and a parent with a zero spin sleeps every time.
     with _cartpoles() as eng:
         for gap, steps in ((0.0, 300), (0.0002, 100)):  # back to back; a small policy
-            # A process of someone else's on our 2 cores makes every wait long (and
-            # then napping is right): one of three tries must find the machine quiet.
-            tries = []
-            for _ in range(3):
-                counts = _count_waits(eng, steps, gap)
-                tries.append(counts)
-                if all(naps <= 0.1 * steps and sleeps <= 0.3 * steps for naps, sleeps in counts.values()):
-                    break
-            else:
-                pytest.fail(f"waits after {gap * 1e3:g} ms gaps were not spun: {tries}")
-        counts = _count_waits(eng, 40, 0.02, warm_up=10)  # a 20 ms learner between steps
-        assert counts["parent"][0] == 0, counts  # the workers' step is still short: spun
-        for w in (0, 1):
-            assert counts[w][0] >= 30, f"worker {w} should nap through 20 ms gaps: {counts}"
+            _until(
+                f"waits after {gap * 1e3:g} ms gaps were not spun",
+                lambda n=steps, g=gap: _count_waits(eng, n, g),
+                lambda c, n=steps: all(naps <= 0.1 * n and sleeps <= 0.3 * n for naps, sleeps in c.values()),
+            )
+        # a 20 ms learner between steps: the workers' step is still short, so the parent
+        # spins through it; each worker naps through the gap
+        _until(
+            "the parent should spin, the workers nap through 20 ms gaps",
+            lambda: _count_waits(eng, 40, 0.02, warm_up=10),
+            lambda c: c["parent"][0] == 0 and c[0][0] >= 30 and c[1][0] >= 30,
+        )
         with pytest.raises(fastvec.ClosedError):
             eng.close()
             eng.wait_counts()
+
+    def zero_spins():
+        c = _count_waits(eng, 100)
+        assert c["parent"][0] == c[0][0] == c[1][0] == 0, c  # no spin: nobody naps, whatever the load
+        return c
+
     with _cartpoles(spin_us=0.0, main_spin_us=0.0) as eng:
         # (a worker finds the next command already there when the parent it woke ran
         # first on its core and sent it: then it does not sleep)
-        counts = _count_waits(eng, 100)
-        assert counts["parent"][0] == 0 and counts["parent"][1] >= 80, counts
-        assert counts[0][0] == counts[1][0] == 0 and counts[0][1] + counts[1][1] >= 60, counts
+        _until(
+            "with no spin each side should sleep",
+            zero_spins,
+            lambda c: c["parent"][1] >= 80 and c[0][1] + c[1][1] >= 60,
+        )
+
+    def zero_main_spin():
+        c = _count_waits(eng, 100)
+        assert c["parent"][0] == 0, c  # no spin: the parent never naps, whatever the load
+        return c
+
     with _cartpoles(main_spin_us=0.0) as eng:  # what fastvec train chooses on full cores
-        counts = _count_waits(eng, 100)
-        assert counts["parent"][0] == 0 and counts["parent"][1] >= 80, counts
+        _until("with no spin the parent should sleep", zero_main_spin, lambda c: c["parent"][1] >= 80)
     # Workers taking ~6 ms per step (2 envs of 3 ms): the parent naps towards its forecast.
     with Engine([SlowStepEnv] * 4, EngineOptions(autoreset_mode="next_step"), num_workers=2) as eng:
         eng.reset(0, {i: {"seed": i} for i in range(4)})
-        counts = _count_waits(eng, 30, warm_up=15)
-        assert counts["parent"][0] >= 20, f"the parent should nap through a 6 ms step: {counts}"
+        _until(
+            "the parent should nap through a 6 ms step",
+            lambda: _count_waits(eng, 30, warm_up=15),
+            lambda c: c["parent"][0] >= 20,
+        )
 
 
-# The control block's layout (channel.pyx): per worker, columns the parent writes, then
+# The control block's layout (protocol.pxd): per worker, columns the parent writes, then
 # columns the worker writes; the last row is the parent's own.
 CMD_SEQ, CMD, SLOT, ARG, LOST, DONE_SEQ, SLEEPING = 0, 1, 2, 3, 7, 8, 12
 
@@ -242,8 +275,9 @@ def test_a_parent_asleep_finds_replies_whose_doorbell_never_rang(rung):
     periodic look at the flags ends the wait 100 ms late (not never) and counts it."""
     import threading
 
-    from fastvec._core import protocol as P
     from fastvec._core.channel import Controller
+
+    from fastvec._core import protocol as P
 
     ctl, pairs, fds = _doorbells(2)
     try:
@@ -265,7 +299,7 @@ def test_a_parent_asleep_finds_replies_whose_doorbell_never_rang(rung):
         t.join()
         assert status == (0, -1), status
         assert c.sleeps == 1 and c.lost == (0 if rung else 1), (c.sleeps, c.lost)
-        assert took < 1.0, took  # 0.05 s, or 0.15 s with the ring lost: not the 5 s timeout
+        assert took < 2.5, took  # 0.05 s, or 0.15 s with the ring lost: not the 5 s timeout
     finally:
         for a, b in pairs:
             a.close()
@@ -278,8 +312,9 @@ def test_a_worker_asleep_finds_a_command_whose_doorbell_never_rang(rung):
     without its doorbell on its next look at the flags, and counts it."""
     import threading
 
-    from fastvec._core import protocol as P
     from fastvec._core.channel import Controller, WorkerChannel
+
+    from fastvec._core import protocol as P
 
     ctl, pairs, fds = _doorbells(1)
     try:
@@ -303,7 +338,7 @@ def test_a_worker_asleep_finds_a_command_whose_doorbell_never_rang(rung):
         assert not t.is_alive(), "the worker never saw its command"
         assert got == [(P.CMD_STEP, 3, P.NO_PAYLOAD, None)], got
         assert c.worker_waits(0) == (0, 1, 0 if rung else 1), c.worker_waits(0)
-        assert took < 1.0, took
+        assert took < 2.5, took  # at once, or 0.1 s with the ring lost: not the 5 s join
     finally:
         for a, b in pairs:
             a.close()
