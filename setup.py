@@ -7,6 +7,7 @@
 ``FASTVEC_DEBUG_BUILD=1`` compiles with bounds and negative-index checks on (an
 ``IndexError`` instead of a wild read), for debugging; release builds have them off.
 """
+
 import glob
 import os
 

@@ -9,6 +9,7 @@ Both run on ``fastvec.Engine``. ``fastvec.gae`` computes GAE over ``[T, N]`` rol
 ``fastvec.ray`` (optional, ``pip install "fastvec[ray]"``, imported only on request) has
 the same two doors over Ray actors spread across a cluster.
 """
+
 from .errors import ClosedError, WorkerError
 from .gae import gae, gae_from_dones  # eager: the module shares the function's name
 

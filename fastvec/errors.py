@@ -7,9 +7,11 @@ reaches the caller as a ``WorkerError`` that is also an instance of the env's ex
 type (``cause_class``), the way Ray makes a remote task's error an instance of its cause:
 ``except ValueError`` around ``reset()`` catches an env's ``ValueError``.
 """
+
 from __future__ import annotations
 
 import pickle
+from typing import cast
 
 from gymnasium import error as _gym_error
 
@@ -38,7 +40,7 @@ class WorkerError(RuntimeError):
         then an instance of it as well (see ``worker_error``).
     """
 
-    cause_class = None
+    cause_class: type[BaseException] | None = None
 
     def __init__(
         self,
@@ -85,6 +87,9 @@ class SpaceMismatchError(ValueError, RuntimeError):
 class PendingCallError(RuntimeError, _gym_error.AlreadyPendingCallError):
     """A call was made while another one (``name``) still waits for its ``*_wait``."""
 
+    # gymnasium declares ``name: str``; fastvec's default is None (every call of its own names one).
+    name: str | None  # type: ignore[assignment]
+
     def __init__(self, message: str, name: str | None = None):
         RuntimeError.__init__(self, message)
         self.name = name
@@ -93,24 +98,26 @@ class PendingCallError(RuntimeError, _gym_error.AlreadyPendingCallError):
 class NoPendingCallError(RuntimeError, _gym_error.NoAsyncCallError):
     """A ``*_wait`` was called with no matching ``*_async`` call in flight."""
 
+    name: str | None  # type: ignore[assignment]  # as PendingCallError's
+
     def __init__(self, message: str, name: str | None = None):
         RuntimeError.__init__(self, message)
         self.name = name
 
 
-_DUAL: dict[type, type] = {}
+_DUAL: dict[type, type[WorkerError]] = {}
 
 
-def _dual_class(cause: type) -> type:
+def _dual_class(cause: type) -> type[WorkerError]:
     """``WorkerError`` and ``cause`` in one class (cached), or ``WorkerError`` where they
     cannot be combined (a base that is not an ``Exception``, incompatible layouts)."""
     if cause in _DUAL:
         return _DUAL[cause]
-    cls = WorkerError
+    cls: type[WorkerError] = WorkerError
     if isinstance(cause, type) and issubclass(cause, Exception) and not issubclass(cause, WorkerError):
         try:
-            cls = type(f"WorkerError[{cause.__qualname__}]", (WorkerError, cause),
-                       {"__module__": __name__, "__reduce__": _dual_reduce, "cause_class": cause})
+            body = {"__module__": __name__, "__reduce__": _dual_reduce, "cause_class": cause}
+            cls = cast("type[WorkerError]", type(f"WorkerError[{cause.__qualname__}]", (WorkerError, cause), body))
             cls.__new__(cls)  # OSError and its kin: their C layout cannot be built this way
         except TypeError:
             cls = WorkerError

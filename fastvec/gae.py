@@ -11,6 +11,7 @@ checks) the outputs and calls the kernel. Two conventions are offered:
   observation ``t`` as the first of a new episode, plus ``last_value`` /
   ``last_done`` for the observation after the last step.
 """
+
 from __future__ import annotations
 
 from numbers import Real
@@ -42,9 +43,7 @@ def _as_array(x, name):
         except Exception as exc:  # ragged lists, tensors that refuse, ...
             raise ValueError(f"{name} could not be converted to a numeric array: {exc}") from None
     if a.dtype.kind not in _NUMERIC_KINDS:
-        raise ValueError(
-            f"{name} must have a real numeric dtype (bool, integer or float), got dtype {a.dtype}"
-        )
+        raise ValueError(f"{name} must have a real numeric dtype (bool, integer or float), got dtype {a.dtype}")
     return a
 
 
@@ -52,8 +51,7 @@ def _check_shape(a, name, shape):
     if a.shape != shape:
         if a.ndim != len(shape):
             raise ValueError(
-                f"{name} must be {len(shape)}-D with shape {shape}, "
-                f"got {a.ndim}-D array of shape {a.shape}"
+                f"{name} must be {len(shape)}-D with shape {shape}, got {a.ndim}-D array of shape {a.shape}"
             )
         raise ValueError(f"{name} has shape {a.shape}, expected {shape}")
 
@@ -64,11 +62,7 @@ def _kernel_ready(a):
     items. Other layouts are copied."""
     isz = a.itemsize
     if a.ndim == 2:
-        return (
-            (a.shape[1] <= 1 or a.strides[1] == isz)
-            and a.strides[0] % isz == 0
-            and a.flags.aligned
-        )
+        return (a.shape[1] <= 1 or a.strides[1] == isz) and a.strides[0] % isz == 0 and a.flags.aligned
     return (a.shape[0] <= 1 or a.strides[0] == isz) and a.flags.aligned
 
 
@@ -76,16 +70,12 @@ def _values_dtype(values):
     a = _as_array(values, "values")
     dt = a.dtype
     if dt.kind != "f" or dt.itemsize not in (4, 8):
-        raise ValueError(
-            f"values must be float32 or float64 (it sets the output dtype), got dtype {dt}"
-        )
+        raise ValueError(f"values must be float32 or float64 (it sets the output dtype), got dtype {dt}")
     dt = _F32 if dt.itemsize == 4 else _F64
     if a.dtype != dt:  # non-native byte order
         a = a.astype(dt, order="C")
     if a.ndim != 2:
-        raise ValueError(
-            f"values must be 2-D with shape [T, N], got {a.ndim}-D array of shape {a.shape}"
-        )
+        raise ValueError(f"values must be 2-D with shape [T, N], got {a.ndim}-D array of shape {a.shape}")
     if not _kernel_ready(a):
         a = np.ascontiguousarray(a)
     return a, dt
@@ -278,9 +268,18 @@ def gae(rewards, values, next_values, terminated, truncated, gamma, lam, *, out=
     gamma = _coef(gamma, "gamma")
     lam = _coef(lam, "lam")
     adv, ret, adv_k, ret_k = _outputs(
-        out, dt, shape,
-        (("rewards", rewards), ("values", values), ("next_values", next_values),
-         ("terminated", terminated), ("truncated", truncated)) if out is not None else (),
+        out,
+        dt,
+        shape,
+        (
+            ("rewards", rewards),
+            ("values", values),
+            ("next_values", next_values),
+            ("terminated", terminated),
+            ("truncated", truncated),
+        )
+        if out is not None
+        else (),
     )
     gae_kernel(rewards, values, next_values, terminated, truncated, gamma, lam, adv_k, ret_k)
     return _finish(adv, ret, adv_k, ret_k)
@@ -357,9 +356,18 @@ def gae_from_dones(rewards, values, dones, last_value, last_done, gamma, lam, *,
     gamma = _coef(gamma, "gamma")
     lam = _coef(lam, "lam")
     adv, ret, adv_k, ret_k = _outputs(
-        out, dt, shape,
-        (("rewards", rewards), ("values", values), ("dones", dones),
-         ("last_value", last_value), ("last_done", last_done)) if out is not None else (),
+        out,
+        dt,
+        shape,
+        (
+            ("rewards", rewards),
+            ("values", values),
+            ("dones", dones),
+            ("last_value", last_value),
+            ("last_done", last_done),
+        )
+        if out is not None
+        else (),
     )
     gae_dones_kernel(rewards, values, dones, last_value, last_done, gamma, lam, adv_k, ret_k)
     return _finish(adv, ret, adv_k, ret_k)

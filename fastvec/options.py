@@ -4,6 +4,7 @@ Every engine (``fastvec.engine.Engine``, ``fastvec.ray.RayEngine``) and every fr
 takes the same options; they travel as one ``EngineOptions`` instead of a keyword list
 written out per class.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,11 +12,11 @@ import multiprocessing as mp
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import numpy as np
 
 AUTORESET_MODES = ("same_step", "next_step", "disabled")
-
 
 
 def available_cores() -> int:
@@ -46,6 +47,10 @@ def check_env_fns(env_fns) -> list:
     return list(env_fns)
 
 
+@overload
+def check_positive_int(value, name: str, allow_none: Literal[False] = False) -> int: ...
+@overload
+def check_positive_int(value, name: str, allow_none: bool) -> int | None: ...
 def check_positive_int(value, name: str, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
@@ -140,8 +145,10 @@ class EngineOptions:
         self.main_spin_us = check_spin(self.main_spin_us, "main_spin_us")
         if self.context is not None and self.context not in mp.get_all_start_methods():
             # multiprocessing's own words first (SB3's tests match them), then what is allowed
-            raise ValueError(f"cannot find context for {self.context!r}: the start method must be one of "
-                             f"{mp.get_all_start_methods()}")
+            raise ValueError(
+                f"cannot find context for {self.context!r}: the start method must be one of "
+                f"{mp.get_all_start_methods()}"
+            )
         self.restart_on_error = bool(self.restart_on_error)
         if not isinstance(self.daemon, bool):
             raise ValueError(f"daemon must be True or False, got {self.daemon!r}")
@@ -150,5 +157,5 @@ class EngineOptions:
         if self.action_check not in ("bounds", "dtype"):
             raise ValueError(f"action_check must be 'bounds' or 'dtype', got {self.action_check!r}")
 
-    def replace(self, **changes) -> "EngineOptions":
+    def replace(self, **changes) -> EngineOptions:
         return dataclasses.replace(self, **changes)

@@ -3,7 +3,12 @@
 Each ``step``/``reset`` writes into the slot after the one last returned, so a view
 handed out earlier stays intact for ``num_slots - 1`` further calls.
 """
+
 from __future__ import annotations
+
+from collections.abc import Callable
+from types import EllipsisType
+from typing import Literal
 
 from .._core.infos import StepResult
 from ..engine import Engine
@@ -14,6 +19,8 @@ from .threads import TorchThreads
 
 class EngineDoor:
     closed: bool
+    num_envs: int
+    close: Callable[..., None]  # each door's own (gymnasium's VectorEnv.close, SubprocVecEnv.close)
     _engine: Engine
     _workers_share_our_cores = True  # False for Ray's doors: actors may run elsewhere
 
@@ -59,14 +66,17 @@ class EngineDoor:
     def _send_step(self, actions) -> None:
         self._check_open()
         if self.waiting:
-            raise PendingCallError("Calling `step_async` while waiting for a pending call to `step` to "
-                                   "complete (step_async() twice without step_wait()).", "step")
+            raise PendingCallError(
+                "Calling `step_async` while waiting for a pending call to `step` to "
+                "complete (step_async() twice without step_wait()).",
+                "step",
+            )
         slot = self._free_slot()
         self._engine.step_async(actions, slot)
         self._next_slot = slot
         self.waiting = True
 
-    def _receive_step(self, timeout=...) -> StepResult:
+    def _receive_step(self, timeout: float | None | EllipsisType = ...) -> StepResult:
         """Wait for the step in flight."""
         self._check_open()
         if not self.waiting:
@@ -80,8 +90,11 @@ class EngineDoor:
         """``_send_step`` and ``_receive_step`` in one go, through the engine's fused step."""
         self._check_open()
         if self.waiting:
-            raise PendingCallError("Calling `step` while waiting for a pending call to `step` to complete "
-                                   "(a step_async() waits for step_wait()).", "step")
+            raise PendingCallError(
+                "Calling `step` while waiting for a pending call to `step` to complete "
+                "(a step_async() waits for step_wait()).",
+                "step",
+            )
         slot = self._free_slot()
         result = self._engine.step(actions, slot)
         self._slot = self._next_slot = slot
@@ -106,7 +119,7 @@ class EngineDoor:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         self.close()
         return False
 

@@ -22,6 +22,7 @@ Autoreset is per env, as in lock-step: a ``recv`` after an episode ended brings 
 reset observation (``NEXT_STEP``: one step later, reward 0; ``SAME_STEP``: at once,
 ``final_obs`` in the infos). ``infos["env_id"]`` (int32) names the envs of the batch.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -105,8 +106,9 @@ class Batches:
         """``step``/``reset`` (lock-step over every env) with batches in flight would drop
         their results: refuse."""
         if self.in_flight():
-            raise PendingCallError(f"Calling `{what}` while batches sent with `send` are in flight: `recv` "
-                                   "them first", "send")
+            raise PendingCallError(
+                f"Calling `{what}` while batches sent with `send` are in flight: `recv` them first", "send"
+            )
 
     def drain(self) -> None:
         """Closing: let every step in flight finish (results dropped)."""
@@ -123,8 +125,10 @@ class Batches:
             self.drain()
         self.check_lockstep("async_reset")
         if door.autoreset_mode == AutoresetMode.DISABLED:
-            raise ValueError("batches need an autoreset mode (NEXT_STEP or SAME_STEP): with DISABLED an ended "
-                             "episode has no way back but a masked reset() of every env")
+            raise ValueError(
+                "batches need an autoreset mode (NEXT_STEP or SAME_STEP): with DISABLED an ended "
+                "episode has no way back but a masked reset() of every env"
+            )
         if options is not None and isinstance(options, dict) and "reset_mask" in options:
             raise ValueError("async_reset resets every env: `options['reset_mask']` is for reset()")
         door.reset_async(seed=seed, options=options)
@@ -143,8 +147,7 @@ class Batches:
         door = self.door
         door._check_open()
         if not self.active:
-            raise NoPendingCallError("Calling `send` before `async_reset`: batches start with async_reset()",
-                                     "send")
+            raise NoPendingCallError("Calling `send` before `async_reset`: batches start with async_reset()", "send")
         batch = self._batch_of(env_ids)
         if not hasattr(door._engine, "group_send"):
             raise ValueError(f"send/recv are not available on {type(door._engine).__name__} yet")
@@ -152,7 +155,7 @@ class Batches:
         eng, k = door._engine, self.unit_size
         for p, u in enumerate(batch):
             slot = (self.slot[u] + 1) % eng.num_slots
-            rows = arrays if len(batch) == 1 else [arr[p * k:(p + 1) * k] for arr in arrays]
+            rows = arrays if len(batch) == 1 else [arr[p * k : (p + 1) * k] for arr in arrays]
             eng.group_send(self.workers[u], self.units[u], rows, self.writer, slot)
             self.prev_slot[u], self.slot[u] = self.slot[u], slot
             self.state[u] = _SENT
@@ -168,32 +171,39 @@ class Batches:
         sent (groups), or ``batch_size`` envs of whole workers so returned (ready)."""
         if env_ids is None:
             if not self.recvd:
-                raise NoPendingCallError("Calling `send` without a batch to answer: every batch `recv` "
-                                         "returned has been sent", "send")
+                raise NoPendingCallError(
+                    "Calling `send` without a batch to answer: every batch `recv` returned has been sent", "send"
+                )
             if len(self.recvd[-1]) != self.per_batch:
-                raise ValueError("the batch `recv` returned last was partly answered by a `send` with env_ids: "
-                                 "name the envs of this one with env_ids too")
+                raise ValueError(
+                    "the batch `recv` returned last was partly answered by a `send` with env_ids: "
+                    "name the envs of this one with env_ids too"
+                )
             return self.recvd[-1]
         ids = np.asarray(env_ids)
         if self.mode == "groups":
             for batch in self.recvd:
                 if ids.shape == self.env_ids[batch[0]].shape and np.array_equal(ids, self.env_ids[batch[0]]):
                     return batch
-            raise ValueError(f"env_ids {ids.tolist()!r} are not those of a batch `recv` returned and `send` has "
-                             f"not answered (batch_mode='groups': "
-                             f"{[self.env_ids[b[0]].tolist() for b in self.recvd]})")
+            raise ValueError(
+                f"env_ids {ids.tolist()!r} are not those of a batch `recv` returned and `send` has "
+                f"not answered (batch_mode='groups': "
+                f"{[self.env_ids[b[0]].tolist() for b in self.recvd]})"
+            )
         returned = {u for batch in self.recvd for u in batch}
         k, units = self.unit_size, []
         if ids.shape == (self.size,) and ids.dtype.kind in "iu":
             for p in range(0, self.size, k):
                 u = int(ids[p]) // k if 0 <= int(ids[p]) < len(self.units) * k else -1
-                if u not in returned or u in units or not np.array_equal(ids[p:p + k], self.env_ids[u]):
+                if u not in returned or u in units or not np.array_equal(ids[p : p + k], self.env_ids[u]):
                     break
                 units.append(u)
         if len(units) != self.per_batch:
-            raise ValueError(f"env_ids {ids.tolist()!r} must be {self.size} ids of envs `recv` returned and `send` "
-                             f"has not answered, whole workers' envs of {k} each in order (batch_mode='ready': "
-                             f"{sorted(int(i) for u in returned for i in self.env_ids[u])})")
+            raise ValueError(
+                f"env_ids {ids.tolist()!r} must be {self.size} ids of envs `recv` returned and `send` "
+                f"has not answered, whole workers' envs of {k} each in order (batch_mode='ready': "
+                f"{sorted(int(i) for u in returned for i in self.env_ids[u])})"
+            )
         return tuple(units)
 
     def recv(self, timeout=None):
@@ -208,14 +218,22 @@ class Batches:
         g = self.next
         if g in self.failed:
             a, b = self.units[g]
-            raise NoPendingCallError(f"Calling `recv` for envs {a}..{b - 1}, whose last step failed (the error "
-                                     "raised then): recv the other batches in flight, then async_reset()", "recv")
+            raise NoPendingCallError(
+                f"Calling `recv` for envs {a}..{b - 1}, whose last step failed (the error "
+                "raised then): recv the other batches in flight, then async_reset()",
+                "recv",
+            )
         if self.state[g] == _IDLE:
             a, b = self.units[g]
-            raise NoPendingCallError(f"Calling `recv` with nothing sent: the batch of envs {a}..{b - 1} was "
-                                     "returned and waits for `send`", "recv")
-        if self.state[g] == _SENT and timeout is not None and not door._engine.group_poll(self.workers[g],
-                                                                                         float(timeout)):
+            raise NoPendingCallError(
+                f"Calling `recv` with nothing sent: the batch of envs {a}..{b - 1} was returned and waits for `send`",
+                "recv",
+            )
+        if (
+            self.state[g] == _SENT
+            and timeout is not None
+            and not door._engine.group_poll(self.workers[g], float(timeout))
+        ):
             raise _timed_out(timeout)
         self.next = (g + 1) % len(self.units)
         return self._recv_unit(g)
@@ -227,8 +245,9 @@ class Batches:
         if records is None:  # the common step: its infos straight from the table (see _take)
             infos = self._table_infos(u, slot, table)
         else:
-            infos = door._merge_infos(records, slot, self._same_step(terminated, truncated), _Infos(self.size),
-                                      self.units[u][0])
+            infos = door._merge_infos(
+                records, slot, self._same_step(terminated, truncated), _Infos(self.size), self.units[u][0]
+            )
         infos["env_id"] = self.env_ids[u].copy()
         self.recvd.append((u,))
         obs = build_nested(door._engine.single_observation_space, obs_rows)[0]
@@ -242,8 +261,11 @@ class Batches:
         want = self.per_batch
         if sum(st != _IDLE for st in self.state) < want:
             failed = f" ({len(self.failed)} workers' envs failed: async_reset() them)" if self.failed else ""
-            raise NoPendingCallError(f"Calling `recv` with fewer than batch_size={self.size} envs stepping or reset"
-                                     f"{failed}: `send` the batches returned first", "recv")
+            raise NoPendingCallError(
+                f"Calling `recv` with fewer than batch_size={self.size} envs stepping or reset"
+                f"{failed}: `send` the batches returned first",
+                "recv",
+            )
         deadline = None if timeout is None else time.monotonic() + float(timeout)
         done = [u for u, st in enumerate(self.state) if st in (_KEPT, _READY)]
         while len(done) < want:
@@ -252,15 +274,17 @@ class Batches:
             ws = np.concatenate([self.workers[u] for u in sent])
             finished = set(eng.group_ready(ws, left))
             # among those found done at once, the longest in flight first: none starves
-            done += sorted((u for u in sent if finished.issuperset(int(w) for w in self.workers[u])),
-                           key=self.sent_at.__getitem__)
+            done += sorted(
+                (u for u in sent if finished.issuperset(int(w) for w in self.workers[u])), key=self.sent_at.__getitem__
+            )
             if len(done) < want and deadline is not None and time.monotonic() >= deadline:
                 raise _timed_out(timeout)
         batch = tuple(sorted(done[:want]))
         if len(batch) == 1:  # one worker a batch (the default on few cores): the groups path, copied
             return self._recv_unit(batch[0])
         k = self.unit_size
-        parts, infos = [], {}
+        parts: list = []
+        infos: dict = {}
         into = _Infos(self.size)
         taken = []
         try:
@@ -272,12 +296,17 @@ class Batches:
             raise
         for p, (u, (obs_rows, rewards, terminated, truncated, records, slot, _)) in enumerate(taken):
             parts.append((obs_rows, rewards, terminated, truncated))
-            infos = door._merge_infos(records, slot, self._same_step(terminated, truncated), into,
-                                      self.units[u][0], infos, offset=p * k)
+            infos = door._merge_infos(
+                records, slot, self._same_step(terminated, truncated), into, self.units[u][0], infos, offset=p * k
+            )
         infos["env_id"] = np.concatenate([self.env_ids[u] for u in batch])
         self.recvd.append(batch)
-        leaves = [tuple(v for part in parts for v in part[0][n]) if isinstance(parts[0][0][n], tuple)
-                  else np.concatenate([part[0][n] for part in parts]) for n in range(len(parts[0][0]))]
+        leaves = [
+            tuple(v for part in parts for v in part[0][n])
+            if isinstance(parts[0][0][n], tuple)
+            else np.concatenate([part[0][n] for part in parts])
+            for n in range(len(parts[0][0]))
+        ]
         obs = build_nested(eng.single_observation_space, leaves)[0]
         rewards, terminated, truncated = (np.concatenate([part[i] for part in parts]) for i in (1, 2, 3))
         return obs, rewards, terminated, truncated, infos
@@ -343,8 +372,10 @@ class Batches:
 
 
 def _timed_out(timeout) -> multiprocessing.TimeoutError:
-    return multiprocessing.TimeoutError(f"The call to `recv` has timed out after {timeout} second(s) (still in "
-                                        "flight: call `recv` again to get its results).")
+    return multiprocessing.TimeoutError(
+        f"The call to `recv` has timed out after {timeout} second(s) (still in "
+        "flight: call `recv` again to get its results)."
+    )
 
 
 def _rows(buf, slot: int, a: int, b: int, copy: bool):

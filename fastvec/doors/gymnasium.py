@@ -6,11 +6,13 @@ worker processes over shared memory. This module turns the engine's ``StepResult
 into gymnasium's infos: from the shared info table in one compiled pass
 (``_gym_infos``) on the common step, from columns or records otherwise.
 """
+
 from __future__ import annotations
 
 import multiprocessing
 import warnings
 from collections.abc import Callable, Sequence
+from types import EllipsisType
 from typing import Any
 
 import numpy as np
@@ -74,12 +76,16 @@ def _check_observation_mode(mode):
 
     if isinstance(mode, tuple):
         if len(mode) != 2 or not all(isinstance(s, Space) for s in mode):
-            raise ValueError("observation_mode as a tuple must be (batched observation space, single "
-                             f"observation space), got {mode!r}")
+            raise ValueError(
+                "observation_mode as a tuple must be (batched observation space, single "
+                f"observation space), got {mode!r}"
+            )
         return mode
     if mode not in ("same", "different"):
-        raise ValueError("Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and "
-                         f"batch observation space, actual got {mode}")
+        raise ValueError(
+            "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and "
+            f"batch observation space, actual got {mode}"
+        )
     return None
 
 
@@ -91,8 +97,10 @@ def _observation_spaces(mode, given, eng):
         batched, single = given
         env0 = eng.single_observation_space
         if layout_of(single) is None or layout_of(single) != layout_of(env0):
-            raise ValueError(f"observation_mode's single space {single} does not have the layout of the "
-                             f"envs' observation space {env0} (leaves, shapes, dtypes)")
+            raise ValueError(
+                f"observation_mode's single space {single} does not have the layout of the "
+                f"envs' observation space {env0} (leaves, shapes, dtypes)"
+            )
         return batched, single
     single = eng.single_observation_space
     if mode == "different":
@@ -100,8 +108,9 @@ def _observation_spaces(mode, given, eng):
 
         per_env = getattr(eng, "env_observation_spaces", None)
         if per_env is None:
-            raise ValueError(f"observation_mode='different' is not available on {type(eng).__name__}; "
-                             "pass the spaces as a tuple")
+            raise ValueError(
+                f"observation_mode='different' is not available on {type(eng).__name__}; pass the spaces as a tuple"
+            )
         return batch_differing_spaces(per_env), single
     return batch_space(single, eng.num_envs), single
 
@@ -166,15 +175,6 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         returned in turn, zero-copy with ``copy=False``. "ready": EnvPool's first envs
         to finish, at the grain of a worker (``num_workers`` divides ``num_envs`` into
         workers whose share divides ``batch_size``); its batches are always copies.
-
-    Spaces without a fixed size (Graph, Sequence, Text, OneOf, custom ``Space``
-    subclasses, also inside Dict and Tuple) are carried pickled, per leaf, beside the
-    shared arrays of the others; their batched value is a tuple of per-env values (as
-    ``batch_space`` makes it), and so is a batch of such actions.
-
-    gymnasium's own keywords are accepted too, so ``gymnasium.vector.AsyncVectorEnv(env_fns,
-    shared_memory=True, ...)`` works with this class swapped in:
-
     shared_memory : bool, default True
         Observations always travel through shared memory here; False is accepted and
         takes the same path (there is no faster one to fall back to).
@@ -195,6 +195,18 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         gymnasium 1.4's limit on how many envs it steps at once. Here the number of
         processes is ``num_workers``; an int caps it (``num_workers`` defaults to
         ``min(num_envs, cores, max_concurrency)``).
+
+    Notes
+    -----
+    gymnasium's own keywords (``shared_memory``, ``daemon``, ``worker``,
+    ``observation_mode``, ``max_concurrency``) are accepted too, so
+    ``gymnasium.vector.AsyncVectorEnv(env_fns, shared_memory=True, ...)`` works with this
+    class swapped in.
+
+    Spaces without a fixed size (Graph, Sequence, Text, OneOf, custom ``Space``
+    subclasses, also inside Dict and Tuple) are carried pickled, per leaf, beside the
+    shared arrays of the others; their batched value is a tuple of per-env values (as
+    ``batch_space`` makes it), and so is a batch of such actions.
     """
 
     _writable_views = True
@@ -229,11 +241,15 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         if worker is not None:
             raise ValueError(
                 "fastvec.AsyncVectorEnv cannot run a custom `worker` function: its workers speak "
-                "fastvec's shared-memory protocol; pass worker=None (wrap the env instead)")
+                "fastvec's shared-memory protocol; pass worker=None (wrap the env instead)"
+            )
         obs_spaces = _check_observation_mode(observation_mode)
         if max_concurrency is not None:
-            if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, (int, np.integer)) \
-                    or max_concurrency < 1:
+            if (
+                isinstance(max_concurrency, bool)
+                or not isinstance(max_concurrency, (int, np.integer))
+                or max_concurrency < 1
+            ):
                 raise ValueError(f"max_concurrency must be a positive int or None, got {max_concurrency!r}")
             if num_workers is None:
                 from ..options import available_cores
@@ -260,14 +276,24 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
                 f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {autoreset_mode!r}"
             ) from None
         self.autoreset_mode = mode
-        options = EngineOptions(num_slots=num_slots, autoreset_mode=_MODES[mode], context=context,
-                                step_timeout=step_timeout, restart_on_error=restart_on_error,
-                                spin_us=spin_us, main_spin_us=main_spin_us, daemon=daemon,
-                                space_check="equal" if observation_mode == "same" else "layout",
-                                action_check=action_check, pickled_leaves=True)
+        options = EngineOptions(
+            num_slots=num_slots,
+            autoreset_mode=_MODES[mode],
+            context=context,
+            step_timeout=step_timeout,
+            restart_on_error=restart_on_error,
+            spin_us=spin_us,
+            main_spin_us=main_spin_us,
+            daemon=daemon,
+            space_check="equal" if observation_mode == "same" else "layout",
+            action_check=action_check,
+            pickled_leaves=True,
+        )
         engine = self._make_engine(env_fns, options, num_workers)
         self._open_door(engine, copy, torch)
-        self._cols_for = self._cols = None  # the compiled builder's column spec, per schema
+        # The compiled builder's column spec (_cols), made once per info-table schema (_cols_for).
+        self._cols_for: list | None = None
+        self._cols: list[tuple[Any, str, bool, np.dtype | None, type]] = []
         eng = engine
         self.env_fns = env_fns
         self.num_envs = eng.num_envs
@@ -279,7 +305,8 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         try:
             self.observation_space, self.single_observation_space = _observation_spaces(
-                observation_mode, obs_spaces, eng)
+                observation_mode, obs_spaces, eng
+            )
             self._batches = Batches(self, eng.num_envs if batch is None else batch, batch_mode)
             self.batch_size, self.batch_mode = self._batches.size, batch_mode
         except BaseException:
@@ -288,12 +315,14 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         self.closed = False
 
     # -------------------------------------------------------------- properties
+    # Per env, as gymnasium's AsyncVectorEnv has them (VectorEnv declares one seed and one
+    # generator, settable): a deliberate deviation the checker is told about.
     @property
-    def np_random_seed(self) -> tuple[int, ...]:
+    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
         return self.get_attr("np_random_seed")
 
-    @property
-    def np_random(self) -> tuple[np.random.Generator, ...]:
+    @property  # type: ignore[misc]
+    def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
         return self.get_attr("np_random")
 
     # -------------------------------------------------------------- reset / step
@@ -358,8 +387,10 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         targets = range(n) if mask is None else np.flatnonzero(mask).tolist()
         slot = self._free_slot()
         if mask is not None and self._batches.active:
-            raise ValueError("a masked reset needs lock-step observations: after async_reset, reset() every env "
-                             "(no reset_mask) first")
+            raise ValueError(
+                "a masked reset needs lock-step observations: after async_reset, reset() every env "
+                "(no reset_mask) first"
+            )
         if mask is not None and slot != self._slot:
             # Envs left alone keep their current observation in the new slot.
             keep = ~mask
@@ -386,7 +417,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         self._lockstep("step_async")
         self._send_step(actions)
 
-    def step_wait(self, timeout: float | None = ...):
+    def step_wait(self, timeout: float | None | EllipsisType = ...):
         """The results of the step ``step_async`` sent. With ``timeout`` (seconds, as
         gymnasium's): ``multiprocessing.TimeoutError`` if it is not done by then; the
         step stays in flight (call ``step_wait`` again)."""
@@ -406,24 +437,27 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
     def _lockstep(self, what: str) -> None:
         if self._batches.active:
             self._batches.check_lockstep(what)
-            raise RuntimeError(f"Calling `{what}` in batch mode (since `async_reset`): the envs' observations "
-                               "are a batch's each; call `reset()` to step every env in lock-step again")
+            raise RuntimeError(
+                f"Calling `{what}` in batch mode (since `async_reset`): the envs' observations "
+                "are a batch's each; call `reset()` to step every env in lock-step again"
+            )
 
     # -------------------------------------------------------------- calls in flight
     _pending: tuple | None = None  # ("reset", slot, targets) or ("call",) sent, not waited for
 
     def _no_pending(self, what: str) -> None:
         if self._pending is not None:
-            raise PendingCallError(f"Calling `{what}` while waiting for a pending call to "
-                                   f"`{self._pending[0]}` to complete.", self._pending[0])
+            raise PendingCallError(
+                f"Calling `{what}` while waiting for a pending call to `{self._pending[0]}` to complete.",
+                self._pending[0],
+            )
 
     def _idle(self, what: str = "this") -> None:
         """Before a command: open, and (as gymnasium) no call in flight."""
         self._check_open()
         self._no_pending(what)
         if self.waiting:
-            raise PendingCallError(f"Calling `{what}` while waiting for a pending call to `step` to "
-                                   "complete.", "step")
+            raise PendingCallError(f"Calling `{what}` while waiting for a pending call to `step` to complete.", "step")
         self._batches.check_lockstep(what)
         self._torch.apply()  # torch may have been imported since the door opened
 
@@ -442,7 +476,8 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         if not self._engine.poll(float(timeout)):
             raise multiprocessing.TimeoutError(
                 f"The call to `{what}` has timed out after {timeout} second(s) (still in flight: "
-                f"call `{what}` again to get its results).")
+                f"call `{what}` again to get its results)."
+            )
 
     def _step_result(self, result: StepResult):
         eng = self._engine
@@ -477,16 +512,16 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
             return columns_to_vector_infos(columns, self.num_envs)
         return self._merge_infos(records, result.slot, same_step)
 
-    def _table_cols(self, schema) -> list:
+    def _table_cols(self, schema) -> list[tuple[Any, str, bool, np.dtype | None, type]]:
         """The compiled builder's column spec for an info-table schema (made once per schema)."""
         if self._cols_for is not schema:
-            self._cols = [(key, f"_{key}", is_int, vector_dtype(kind, is_int), kind)
-                          for key, kind, is_int in schema]
+            self._cols = [(key, f"_{key}", is_int, vector_dtype(kind, is_int), kind) for key, kind, is_int in schema]
             self._cols_for = schema
         return self._cols
 
-    def _merge_infos(self, records, slot: int, same_step: bool, into=None, first: int = 0, infos=None,
-                     offset: int = 0) -> dict[str, Any]:
+    def _merge_infos(
+        self, records, slot: int, same_step: bool, into=None, first: int = 0, infos=None, offset: int = 0
+    ) -> dict[str, Any]:
         """gymnasium's merge, env by env (nested infos, final observations). ``into``:
         whose ``_add_info`` sizes the arrays (a batch's, whose env ``j`` in ``records``
         is env ``first + j`` at position ``offset + j``, added to ``infos``); default
@@ -496,8 +531,9 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         infos = {} if infos is None else infos
         for i, step_info, reset_info in records:
             if same_step and reset_info is not None:
-                infos = add(infos, {"final_obs": eng.final_obs_of(slot, first + i), "final_info": step_info},
-                            offset + i)
+                infos = add(
+                    infos, {"final_obs": eng.final_obs_of(slot, first + i), "final_info": step_info}, offset + i
+                )
                 infos = add(infos, reset_info, offset + i)
             else:
                 infos = add(infos, step_info if step_info is not None else reset_info, offset + i)
@@ -542,8 +578,11 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         if pending is None and getattr(self, "_batches", None) is not None and self._batches.in_flight():
             pending = "send"
         if pending is not None:  # as gymnasium; the engine lets it finish, then closes
-            warnings.warn(f"Calling `close` while waiting for a pending call to `{pending}` to complete.",
-                          UserWarning, stacklevel=3)
+            warnings.warn(
+                f"Calling `close` while waiting for a pending call to `{pending}` to complete.",
+                UserWarning,
+                stacklevel=3,
+            )
         self._pending = None
         self._close_door()
 

@@ -7,12 +7,13 @@ algorithms and wrappers accept it; SB3 stays optional. This module turns the eng
 ``StepResult`` into SB3's per-env info dicts: from the shared info table in one
 compiled pass (``_sb3_infos``) on the common step, from records otherwise.
 """
+
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from copy import deepcopy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,10 +24,13 @@ from . import _sb3_infos
 from .base import EngineDoor
 from .threads import TorchThreads
 
-try:  # SB3 is optional: without it the class is a plain object with the same API.
+if TYPE_CHECKING:  # checked as what it is wherever SB3 is installed
     from stable_baselines3.common.vec_env.base_vec_env import VecEnv as _Base
-except ImportError:  # pragma: no cover - exercised in environments without SB3
-    _Base = object
+else:
+    try:  # SB3 is optional: without it the class is a plain object with the same API.
+        from stable_baselines3.common.vec_env.base_vec_env import VecEnv as _Base
+    except ImportError:  # pragma: no cover - exercised in environments without SB3
+        _Base = object
 
 
 def tile_images(images: Sequence[np.ndarray]) -> np.ndarray:
@@ -92,12 +96,20 @@ class SubprocVecEnv(EngineDoor, _Base):
         self.closed = True
         torch = TorchThreads(torch_threads)  # checked before any process starts
         self.waiting = False
-        options = EngineOptions(num_slots=num_slots, autoreset_mode="same_step", context=start_method,
-                                step_timeout=step_timeout, restart_on_error=restart_on_error,
-                                spin_us=spin_us, main_spin_us=main_spin_us)
+        options = EngineOptions(
+            num_slots=num_slots,
+            autoreset_mode="same_step",
+            context=start_method,
+            step_timeout=step_timeout,
+            restart_on_error=restart_on_error,
+            spin_us=spin_us,
+            main_spin_us=main_spin_us,
+        )
         engine = self._make_engine(env_fns, options, num_workers)
         self._open_door(engine, copy, torch)
-        self._cols_for = self._cols = None  # the compiled builder's column spec, per schema
+        # The compiled builder's column spec (_cols), made once per info-table schema (_cols_for).
+        self._cols_for: list | None = None
+        self._cols: list[tuple[Any, str, bool, np.dtype | None, type]] = []
         eng = engine
         self.num_envs = eng.num_envs
         self.observation_space = eng.single_observation_space
@@ -106,8 +118,11 @@ class SubprocVecEnv(EngineDoor, _Base):
         self._seeds: list[int | None] = [None for _ in range(self.num_envs)]
         self._options: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         self.render_mode = eng.render_mode
-        modes = ["human", "rgb_array"] if self.render_mode == "rgb_array" else (
-            [self.render_mode] if self.render_mode is not None else [])
+        modes = (
+            ["human", "rgb_array"]
+            if self.render_mode == "rgb_array"
+            else ([self.render_mode] if self.render_mode is not None else [])
+        )
         self.metadata = {"render_modes": modes}
         self.closed = False
 
@@ -119,9 +134,9 @@ class SubprocVecEnv(EngineDoor, _Base):
     def reset(self):
         self._idle()
         slot = self._free_slot()
-        kwargs = {}
+        kwargs: dict[int, dict[str, Any]] = {}
         for i in range(self.num_envs):
-            kw = {"seed": self._seeds[i]}
+            kw: dict[str, Any] = {"seed": self._seeds[i]}
             if self._options[i]:
                 kw["options"] = self._options[i]
             kwargs[i] = kw
@@ -165,13 +180,14 @@ class SubprocVecEnv(EngineDoor, _Base):
         rewards = eng.rewards[slot].astype(np.float32)
         time_limit = (trunc & ~term).tolist()
         env_infos = self._table_infos(result) if result.table is not None else None
+        infos: list[dict]
+        records: Sequence[tuple] = ()  # (env, step info, reset info)
         if env_infos is not None:  # the envs' own keys first, as DummyVecEnv has them
             for info, v in zip(env_infos, time_limit):
                 info["TimeLimit.truncated"] = v
             infos = env_infos
-            records = ()
         else:
-            infos: list[dict] = [{"TimeLimit.truncated": v} for v in time_limit]
+            infos = [{"TimeLimit.truncated": v} for v in time_limit]
             records = result.as_records()
         ended = np.flatnonzero(dones).tolist()
         for i in ended:  # an auto-reset whose info was empty sent no record
@@ -242,7 +258,8 @@ class SubprocVecEnv(EngineDoor, _Base):
         self._idle()
         if self.render_mode != "rgb_array":
             warnings.warn(
-                f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images."
+                f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images.",
+                stacklevel=2,
             )
             return [None for _ in range(self.num_envs)]
         return self._engine.call("render", None)
@@ -253,24 +270,29 @@ class SubprocVecEnv(EngineDoor, _Base):
             if self.render_mode != "rgb_array":
                 warnings.warn(
                     f"You tried to render a VecEnv with mode='{mode}' but the render mode defined when "
-                    f"initializing the environment must be 'human' or 'rgb_array', not '{self.render_mode}'."
+                    f"initializing the environment must be 'human' or 'rgb_array', not '{self.render_mode}'.",
+                    stacklevel=2,
                 )
                 return None
         elif mode and self.render_mode != mode:
             warnings.warn(
                 f"render modes are fixed when the envs are created; mode={mode!r} differs from "
-                f"the envs' render_mode={self.render_mode!r}"
+                f"the envs' render_mode={self.render_mode!r}",
+                stacklevel=2,
             )
             return None
         mode = mode or self.render_mode
         if mode is None:
-            warnings.warn("You tried to call render() but no `render_mode` was passed to the env constructor.")
+            warnings.warn(
+                "You tried to call render() but no `render_mode` was passed to the env constructor.", stacklevel=2
+            )
             return None
         if self.render_mode == "human":
             self.env_method("render")
             return None
         if mode in ("rgb_array", "human"):
-            big = tile_images(self.get_images())
+            # render_mode is "rgb_array" here (the checks above), so get_images() has frames, no None
+            big = tile_images(self.get_images())  # type: ignore[arg-type]
             if mode == "human":
                 import cv2  # only needed to show frames of rgb_array envs
 

@@ -5,7 +5,7 @@ in torch's intra-op thread pool (one thread per core by default). After each par
 region those threads spin for a while before they sleep, so on a small machine they
 take the cores the workers need for the very step that follows: on 2 cores with 2
 workers, a policy loop on HalfCheetah-v5 x8 ran at 0.7x SyncVectorEnv with torch's
-default 2 threads and 1.4-1.7x with 1 thread (``fastvec bench --only loop-policy``).
+default 2 threads and 1.4-1.7x with 1 thread (``benchmarks/bench_loops.py --loops policy``).
 
 So by default a door gives torch the cores its workers leave: ``torch_threads="auto"``
 lowers ``torch.set_num_threads`` to ``max(1, cores - num_workers)`` when torch is loaded
@@ -13,6 +13,7 @@ in this process, uses more threads than that, and neither ``OMP_NUM_THREADS`` no
 ``MKL_NUM_THREADS`` says the user chose; ``close()`` restores what it changed. An int
 sets that many threads; None leaves torch alone.
 """
+
 from __future__ import annotations
 
 import os
