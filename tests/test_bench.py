@@ -59,16 +59,21 @@ def test_help(capsys):
     assert "--num-envs" in out and "CartPole-v1" in out
 
 
-def test_the_command_line_door_and_no_torch():
-    """``fastvec bench`` through the ``fastvec`` entry point; the command does not import torch."""
+def test_the_command_line_door_and_no_torch(tmp_path):
+    """``fastvec bench`` through the ``fastvec`` entry point; the command does not import torch.
+    The children run outside the source tree, so they import the installed package."""
     code = (
         "import sys; from fastvec.cli import main; rc = main(['bench', '--num-envs', '2', '--steps', '10', "
         "'--repeats', '1']); print('torch' in sys.modules); sys.exit(rc)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "fastvec.AsyncVectorEnv" in proc.stdout and proc.stdout.splitlines()[-1] == "False"
     bad = subprocess.run(
-        [sys.executable, "-m", "fastvec", "bench", "--steps", "0"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "fastvec", "bench", "--steps", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "fastvec bench: error:" in bad.stderr

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,15 +92,18 @@ def run_page(name: str, blocks: list[Block], timeout: float = PAGE_TIMEOUT_S) ->
     # A block's line numbers in a traceback are its page's: pad with blank lines.
     payload = [(f"{name}:{b.line}", "\n" * (b.line - 1) + b.code) for b in blocks]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run(
-        [sys.executable, "-c", RUNNER],
-        input=json.dumps(payload),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=env,
-    )
+    # Outside the source tree: `python -c` puts its cwd first on sys.path, and the
+    # checkout's fastvec/ has no compiled modules where CI tests the installed package.
+    with tempfile.TemporaryDirectory() as cwd:
+        return subprocess.run(
+            [sys.executable, "-c", RUNNER],
+            input=json.dumps(payload),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+        )
 
 
 def _page_id(path: Path) -> str:
