@@ -145,7 +145,7 @@ def loops_round(build: str, chosen, cases, timeout: float) -> dict:
     return ratios
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--before", required=True, help="source tree of the first build (built in place)")
     p.add_argument("--after", required=True, help="source tree of the second build (built in place)")
@@ -170,37 +170,42 @@ def main(argv=None) -> int:
     p.add_argument("--cases", nargs="+", default=[], help="only the loop cases whose name contains one of these")
     p.add_argument("--out", required=True, help="directory for ab.json and ab.md")
     p.add_argument("--timeout", type=float, default=1800.0)
-    args = p.parse_args(argv)
-    if args.cases and not loops.selected(args.loops, args.cases):
-        names = [c["case"] for loop in args.loops for c in loops.CASES[loop]]
-        p.error(f"--cases {args.cases} match no case of the loops {args.loops}: {names}")
+    return p
+
+
+def one_round(args, build: str, work: str) -> dict:
+    """Every figure of one build in one round: {(workload, candidate): ratio}."""
+    got = {} if args.no_vecenv else vecenv_round(build, args.only, work, args.timeout)
+    if args.loops:
+        got.update(loops_round(build, args.loops, args.cases, args.timeout))
+    if not args.no_train:
+        got.update(train_round(build, work + "-train", args.train_envs, args.timeout))
+    return got
+
+
+def measure(args) -> dict:
+    """(workload, candidate) -> {build: [ratio per round]}, the builds' order alternating
+    from round to round."""
     builds = {"before": args.before, "after": args.after}
-    os.makedirs(args.out, exist_ok=True)
-    rows: dict = {}  # (workload, candidate) -> {build: [ratio per round]}
-    t0 = time.time()
+    rows: dict = {}
     work = tempfile.mkdtemp(prefix="fastvec-ab-")
     for r in range(args.rounds):
         order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
         for name in order:
-            got = (
-                {}
-                if args.no_vecenv
-                else vecenv_round(builds[name], args.only, os.path.join(work, f"{name}{r}"), args.timeout)
-            )
-            if args.loops:
-                got.update(loops_round(builds[name], args.loops, args.cases, args.timeout))
-            if not args.no_train:
-                got.update(
-                    train_round(builds[name], os.path.join(work, f"{name}{r}-train"), args.train_envs, args.timeout)
-                )
+            got = one_round(args, builds[name], os.path.join(work, f"{name}{r}"))
             for key, ratio in got.items():
                 rows.setdefault(key, {"before": [], "after": []})[name].append(ratio)
             print(
                 f"round {r + 1}/{args.rounds} {name}: " + ", ".join(f"{k[0]}/{k[1]} {v:.2f}x" for k, v in got.items()),
                 flush=True,
             )
+    return rows
+
+
+def summarize(args, rows: dict, wall: float) -> tuple[list[dict], list[str]]:
+    """The rows of ab.json and the lines of ab.md: medians over rounds and their ranges."""
     lines = [
-        f"# Before/after, interleaved ({args.rounds} rounds, {time.time() - t0:.0f} s)",
+        f"# Before/after, interleaved ({args.rounds} rounds, {wall:.0f} s)",
         "",
         f"`{' '.join(sys.argv)}`; before: `{args.before}`, after: `{args.after}`. Each figure is a ratio "
         "against SyncVectorEnv in the same run (higher is better; train wall: sync's time to solve "
@@ -228,6 +233,19 @@ def main(argv=None) -> int:
             f"| {w} | {c} | {b:.2f}x ({min(by['before']):.2f}-{max(by['before']):.2f}) | "
             f"{a:.2f}x ({min(by['after']):.2f}-{max(by['after']):.2f}) | {a / b:.3f} |"
         )
+    return table, lines
+
+
+def main(argv=None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.cases and not loops.selected(args.loops, args.cases):
+        names = [c["case"] for loop in args.loops for c in loops.CASES[loop]]
+        p.error(f"--cases {args.cases} match no case of the loops {args.loops}: {names}")
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    rows = measure(args)
+    table, lines = summarize(args, rows, time.time() - t0)
     with open(os.path.join(args.out, "ab.json"), "w") as f:
         json.dump({"argv": sys.argv, "rounds": args.rounds, "rows": table}, f, indent=1)
     with open(os.path.join(args.out, "ab.md"), "w") as f:

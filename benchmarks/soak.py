@@ -321,22 +321,51 @@ def _last_env_steps(path: str) -> int | None:
     return None
 
 
+def _sample_trainer(proc, sampler: Sampler, metrics: str, total_steps: int, interval: float, t_start: float) -> None:
+    """Sample the trainer every ``interval`` s until it exits. Env steps come from its
+    metrics.jsonl; between its lines (or before the first) they are estimated from the
+    last rate seen, and such samples are marked ``steps_estimated``."""
+    estimated = 0
+    last_known = (0.0, 0)  # (t, env_steps) of the last metrics line
+    rate = None
+    while proc.poll() is None:
+        now = time.perf_counter() - t_start
+        steps = _last_env_steps(metrics)
+        if steps is not None:
+            if steps > last_known[1] and last_known[1] > 0:
+                rate = (steps - last_known[1]) / max(1e-9, now - last_known[0])
+            if steps != last_known[1]:
+                last_known = (now, steps)
+            env_steps, estimated = steps, 0
+        elif rate is not None:  # absent: estimate from time
+            env_steps, estimated = int(last_known[1] + rate * (now - last_known[0])), 1
+        else:
+            env_steps, estimated = 0, 1
+        row = sampler.sample(env_steps)
+        if row is not None:
+            row["steps_estimated"] = estimated
+            if len(sampler.samples) % 15 == 0:
+                _progress("train", row, total_steps)
+        deadline = time.perf_counter() + interval
+        while proc.poll() is None and time.perf_counter() < deadline:
+            time.sleep(0.05)
+
+
+def _trainer_summary(output: str) -> object:
+    """The trainer's summary: the last line of its output that parses as JSON."""
+    for line in reversed(output.splitlines()):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return None
+
+
 def run_train(total_steps: int, interval: float) -> dict:
     shm_before = shm_listing()
     logdir = tempfile.mkdtemp(prefix="fastvec-soak-train-")
-    cmd = [
-        sys.executable,
-        "-m",
-        "fastvec",
-        "train",
-        "CartPole-v1",
-        "--total-steps",
-        str(total_steps),
-        "--no-progress",
-        "--logdir",
-        logdir,
-        "--no-tensorboard",
-    ]
+    cmd = [sys.executable, "-m", "fastvec", "train", "CartPole-v1", "--total-steps", str(total_steps)]
+    cmd += ["--no-progress", "--logdir", logdir, "--no-tensorboard"]
     metrics = os.path.join(logdir, "metrics.jsonl")
     log_path = os.path.join(logdir, "trainer-output.log")
     print(f"[train] {shlex.join(cmd)}", flush=True)
@@ -344,31 +373,8 @@ def run_train(total_steps: int, interval: float) -> dict:
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         sampler = Sampler(proc.pid)
-        estimated = 0
-        last_known = (0.0, 0)  # (t, env_steps) of the last metrics line
-        rate = None
         try:
-            while proc.poll() is None:
-                now = time.perf_counter() - t_start
-                steps = _last_env_steps(metrics)
-                if steps is not None:
-                    if steps > last_known[1] and last_known[1] > 0:
-                        rate = (steps - last_known[1]) / max(1e-9, now - last_known[0])
-                    if steps != last_known[1]:
-                        last_known = (now, steps)
-                    env_steps, estimated = steps, 0
-                elif rate is not None:  # absent: estimate from time
-                    env_steps, estimated = int(last_known[1] + rate * (now - last_known[0])), 1
-                else:
-                    env_steps, estimated = 0, 1
-                row = sampler.sample(env_steps)
-                if row is not None:
-                    row["steps_estimated"] = estimated
-                    if len(sampler.samples) % 15 == 0:
-                        _progress("train", row, total_steps)
-                deadline = time.perf_counter() + interval
-                while proc.poll() is None and time.perf_counter() < deadline:
-                    time.sleep(0.05)
+            _sample_trainer(proc, sampler, metrics, total_steps, interval, t_start)
         except BaseException:
             proc.kill()
             proc.wait()
@@ -379,13 +385,7 @@ def run_train(total_steps: int, interval: float) -> dict:
     later = end_state(shm_before, sampler.seen_shm, sampler.seen_workers, wait_s=2.0)
     with open(log_path, "rb") as f:
         output = f.read().decode("utf-8", "replace")
-    summary = None
-    for line in reversed(output.splitlines()):
-        try:
-            summary = json.loads(line)
-            break
-        except ValueError:
-            continue
+    summary = _trainer_summary(output)
     final_steps = summary.get("env_steps") if isinstance(summary, dict) else _last_env_steps(metrics)
     shutil.rmtree(logdir, ignore_errors=True)
     print(f"[train] exit {rc} after {wall:.1f} s; summary {summary}", flush=True)

@@ -61,26 +61,23 @@ def growth(rows: list[dict], key: str) -> dict:
     }
 
 
-def analyse(part: dict) -> list[dict]:
-    name = part["part"]
-    rows = analysed(part)
-    results = []
+def _row(part: str, process, metric, value, goal, ok, detail="", result=None) -> dict:
+    """One row of the PASS/FAIL table."""
+    return {
+        "part": part,
+        "process": process,
+        "metric": metric,
+        "value": value,
+        "goal": goal,
+        "pass": bool(ok),
+        "result": result or ("PASS" if ok else "FAIL"),
+        "detail": detail,
+    }
 
-    def add(process, metric, value, goal, ok, detail="", result=None):
-        results.append(
-            {
-                "part": name,
-                "process": process,
-                "metric": metric,
-                "value": value,
-                "goal": goal,
-                "pass": bool(ok),
-                "result": result or ("PASS" if ok else "FAIL"),
-                "detail": detail,
-            }
-        )
 
-    enough = len(rows) >= 3
+def _rss_rows(name: str, rows: list[dict], enough: bool) -> list[dict]:
+    """RSS slope after the warm-up, of the main process and of the workers together."""
+    out = []
     for process, key in (
         ("parent" if name == "engine" else "trainer", "parent_rss"),
         ("workers (sum)", "workers_rss_sum"),
@@ -92,59 +89,73 @@ def analyse(part: dict) -> list[dict]:
                 f"{rows[0][key] / MIB:.1f} -> {rows[-1][key] / MIB:.1f} MB "
                 f"(min {min(r[key] for r in rows) / MIB:.1f}, max {max(r[key] for r in rows) / MIB:.1f})"
             )
-        add(
-            process,
-            "RSS slope, MB per 1M env steps",
-            None if slope is None else round(slope, 3),
-            f"< {RSS_SLOPE_GOAL_MB:g}",
-            enough and slope is not None and slope < RSS_SLOPE_GOAL_MB,
-            span,
+        out.append(
+            _row(
+                name,
+                process,
+                "RSS slope, MB per 1M env steps",
+                None if slope is None else round(slope, 3),
+                f"< {RSS_SLOPE_GOAL_MB:g}",
+                enough and slope is not None and slope < RSS_SLOPE_GOAL_MB,
+                span,
+            )
         )
+    return out
+
+
+def _fd_rows(name: str, rows: list[dict], enough: bool) -> list[dict]:
+    """Growth of the open fds, of the main process and of the workers together."""
+    out = []
     for process, key in (
         ("parent" if name == "engine" else "trainer", "parent_fds"),
         ("workers (sum)", "worker_fds_sum"),
     ):
         g = growth(rows, key)
-        add(
-            process,
-            "open fds, min-max",
-            f"{g['min']}-{g['max']}",
-            "no growth",
-            enough and g["growth"] == 0,
-            f"first {g['first']}, last {g['last']}",
+        out.append(
+            _row(
+                name,
+                process,
+                "open fds, min-max",
+                f"{g['min']}-{g['max']}",
+                "no growth",
+                enough and g["growth"] == 0,
+                f"first {g['first']}, last {g['last']}",
+            )
         )
+    return out
+
+
+def _shm_rows(name: str, rows: list[dict], enough: bool) -> list[dict]:
+    """Growth of the run's /dev/shm segments, and of every file in /dev/shm (INFO, not
+    FAIL, when only other programs' files grew)."""
     g = growth(rows, "run_shm_files")
     run_ok = enough and g["growth"] == 0
-    add(
-        "all",
-        "/dev/shm segments of the run, min-max",
-        f"{g['min']}-{g['max']}",
-        "no growth",
-        run_ok,
-        f"first {g['first']}, last {g['last']}",
-    )
+    out = [
+        _row(
+            name,
+            "all",
+            "/dev/shm segments of the run, min-max",
+            f"{g['min']}-{g['max']}",
+            "no growth",
+            run_ok,
+            f"first {g['first']}, last {g['last']}",
+        )
+    ]
     g = growth(rows, "shm_files")
     detail = f"first {g['first']}, last {g['last']}"
+    metric, value = "/dev/shm files (all), min-max", f"{g['min']}-{g['max']}"
     if enough and g["growth"] and run_ok:  # the extra files are other programs' (tests on this machine)
-        add(
-            "all",
-            "/dev/shm files (all), min-max",
-            f"{g['min']}-{g['max']}",
-            "no growth",
-            True,
-            detail + "; the excess are other programs' files (the run's own segments did not grow)",
-            result="INFO",
-        )
+        detail += "; the excess are other programs' files (the run's own segments did not grow)"
+        out.append(_row(name, "all", metric, value, "no growth", True, detail, result="INFO"))
     else:
-        add(
-            "all",
-            "/dev/shm files (all), min-max",
-            f"{g['min']}-{g['max']}",
-            "no growth",
-            enough and g["growth"] == 0,
-            detail,
-        )
-    end = part["end"]
+        out.append(_row(name, "all", metric, value, "no growth", enough and g["growth"] == 0, detail))
+    return out
+
+
+def _end_rows(part: dict) -> list[dict]:
+    """What the run left behind once closed / exited: new /dev/shm files (other live
+    processes' not counted), the run's segments and its processes; the trainer's exit."""
+    name, end = part["part"], part["end"]
     others = end["new_shm_files_of_others"]
     mine = [n for n in end["new_shm_files"] if n not in others]
     detail = []
@@ -155,25 +166,40 @@ def analyse(part: dict) -> list[dict]:
         )
     if mine:
         detail.append(f"not the others': {mine}")
-    add(
-        "all",
-        "/dev/shm files before -> after close" if name == "engine" else "/dev/shm files before -> after exit",
-        f"{end['shm_files_before']} -> {end['shm_files_after']}"
-        + (f" ({end['shm_files_after'] - len(others)} without others')" if others else ""),
-        "after <= before",
-        end["shm_files_after"] - len(others) <= end["shm_files_before"] and not mine,
-        "; ".join(detail),
-    )
-    add(
-        "all",
-        "segments of the run left / worker processes left",
-        f"{len(end['run_segments_left'])} / {len(end['processes_left'])}",
-        "0 / 0",
-        not end["run_segments_left"] and not end["processes_left"],
-        f"segments seen: {len(end['run_segments_seen'])}",
-    )
+    out = [
+        _row(
+            name,
+            "all",
+            "/dev/shm files before -> after close" if name == "engine" else "/dev/shm files before -> after exit",
+            f"{end['shm_files_before']} -> {end['shm_files_after']}"
+            + (f" ({end['shm_files_after'] - len(others)} without others')" if others else ""),
+            "after <= before",
+            end["shm_files_after"] - len(others) <= end["shm_files_before"] and not mine,
+            "; ".join(detail),
+        ),
+        _row(
+            name,
+            "all",
+            "segments of the run left / worker processes left",
+            f"{len(end['run_segments_left'])} / {len(end['processes_left'])}",
+            "0 / 0",
+            not end["run_segments_left"] and not end["processes_left"],
+            f"segments seen: {len(end['run_segments_seen'])}",
+        ),
+    ]
     if name == "train":
-        add("trainer", "exit status", part["returncode"], "0", part["returncode"] == 0)
+        out.append(_row(name, "trainer", "exit status", part["returncode"], "0", part["returncode"] == 0))
+    return out
+
+
+def analyse(part: dict) -> list[dict]:
+    """The PASS/FAIL rows of one part (``engine`` or ``train``) from its samples after
+    the warm-up; fewer than 3 such samples fail every growth row."""
+    name = part["part"]
+    rows = analysed(part)
+    enough = len(rows) >= 3
+    results = _rss_rows(name, rows, enough) + _fd_rows(name, rows, enough) + _shm_rows(name, rows, enough)
+    results += _end_rows(part)
     if not enough:
         for r in results[:6]:
             r["detail"] = (r["detail"] + "; " if r["detail"] else "") + f"only {len(rows)} samples after warm-up"

@@ -1,0 +1,223 @@
+"""The measurements of ``bench_train.py``, each run in a fresh process
+(``bench_train.py --_child <job>``): SB3's PPO, fastvec's trainer on a chosen vector
+env, and Pong's training loop against the engine's random-action steps/s.
+
+Every child warms torch up before its clock starts (``_warm_torch``), so neither
+candidate pays for torch's first-use imports inside its measured time.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import numpy as np
+from peers.baselines_subproc import SubprocVecEnv as PipeSubprocVecEnv
+
+
+def _warm_torch():
+    import torch
+
+    torch.set_num_threads(1)
+    p = torch.nn.Parameter(torch.zeros(4))
+    (p * 2).sum().backward()
+    torch.optim.Adam([p]).step()  # imports torch._dynamo (seconds)
+
+
+# =============================================================================== SB3
+def _sb3_kwargs(hp: dict) -> tuple[int, dict]:
+    """(n_envs, PPO keyword arguments) from one of ``bench_train``'s SB3 hyperparameter
+    dicts; ``("lin", x)`` stands for a schedule falling linearly from x to 0."""
+
+    def sched(v):
+        if isinstance(v, (tuple, list)) and v[0] == "lin":
+            return lambda frac, x=v[1]: frac * x
+        return v
+
+    hp = dict(hp)
+    n_envs = hp.pop("n_envs")
+    kw = dict(n_steps=hp.pop("n_steps"), batch_size=hp.pop("batch_size"), n_epochs=hp.pop("n_epochs"))
+    if "lr" in hp:
+        kw["learning_rate"] = sched(hp.pop("lr"))
+    if "clip_range" in hp:
+        kw["clip_range"] = sched(hp.pop("clip_range"))
+    kw.update(hp)
+    return n_envs, kw
+
+
+def child_sb3(env_id: str, seed: int, hp: dict, threshold: float, max_steps: int) -> dict:
+    """SB3's PPO until the mean return of the last 20 episodes reaches ``threshold``."""
+    _warm_torch()
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    class Stop(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.rets = collections.deque(maxlen=20)
+            self.solved = False
+
+        def _on_step(self):
+            for info in self.locals["infos"]:
+                ep = info.get("episode")
+                if ep is not None:
+                    self.rets.append(ep["r"])
+            if len(self.rets) == 20 and np.mean(self.rets) >= threshold:
+                self.solved = True
+                return False
+            return True
+
+    n_envs, kw = _sb3_kwargs(hp)
+    t0 = time.perf_counter()
+    env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kw)
+    cb = Stop()
+    model.learn(max_steps, callback=cb)
+    wall = time.perf_counter() - t0
+    env.close()
+    return {
+        "solved": cb.solved,
+        "env_steps": int(model.num_timesteps),
+        "wall_seconds": wall,
+        "sps": model.num_timesteps / wall,
+        "final_mean_return": float(np.mean(cb.rets)) if cb.rets else None,
+        "threads": torch.get_num_threads(),
+    }
+
+
+# =============================================================================== fastvec's trainer
+def child_fastvec(
+    env_id: str,
+    seed: int,
+    overrides: list,
+    threshold: float | None,
+    venv_kind: str = "fastvec",
+    total_steps: int | None = None,
+    zoo: bool = False,
+) -> dict:
+    """``fastvec train`` on the engine (``venv_kind="fastvec"``) or on another vector env
+    (``"sync"``: gymnasium's SyncVectorEnv, ``"subproc"``: one Pipe per env)."""
+    _warm_torch()
+    from fastvec.train import PPOConfig, apply_overrides
+    from fastvec.train.cli import run_training as train
+    from fastvec.train.presets import env_factory, preset_for
+
+    cfg = apply_overrides(PPOConfig(), preset_for(env_id, zoo=zoo))
+    cfg.seed = seed
+    if threshold is not None:
+        cfg.stop_at_return = threshold
+    if total_steps is not None:
+        cfg.total_steps = total_steps
+    apply_overrides(cfg, overrides)
+    if venv_kind == "fastvec":
+        return train(env_id, cfg, progress=False, tensorboard=False)
+    # Other transports: the clock must include their start-up too.
+    t0 = time.perf_counter()
+    fns = [env_factory(env_id)] * cfg.num_envs
+    if venv_kind == "sync":
+        from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+        venv = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    elif venv_kind == "subproc":
+        venv = PipeSubprocVecEnv(fns, context="fork", terminal_observation=True)
+    else:
+        raise ValueError(venv_kind)
+    startup = time.perf_counter() - t0
+    try:
+        res = train(None, cfg, venv=venv, progress=False, tensorboard=False)
+    finally:
+        venv.close()
+    res["wall_seconds"] = res["wall_seconds"] + startup
+    res["sps"] = res["env_steps"] / res["wall_seconds"]
+    res["venv_startup_seconds"] = startup
+    return res
+
+
+# =============================================================================== Pong
+def _pong_random_sps(fns: list, workers: int, T: int, steps: int) -> float:
+    """Random actions through the engine, with the trainer's slot layout (T + 1 slots)."""
+    from fastvec.engine import IN_SLOT, Engine
+
+    num_envs = len(fns)
+    with Engine(fns, num_workers=workers, num_slots=T + 1, context="fork") as eng:
+        eng.reset(0, {i: {"seed": i} for i in range(num_envs)})
+        rng = np.random.default_rng(0)
+        n_act = eng.single_action_space.n
+        acts = rng.integers(0, n_act, size=(T + 1, num_envs))
+        a = eng.act_bufs[0]
+        for t in range(20):
+            a[t % T + 1] = acts[t % T + 1]
+            eng.step_async(IN_SLOT, t % T + 1)
+            eng.step_wait()
+        t0 = time.perf_counter()
+        n = 0
+        while n < steps:
+            for t in range(T):
+                a[t + 1] = acts[t + 1]
+                eng.step_async(IN_SLOT, t + 1)
+                eng.step_wait()
+            n += T * num_envs
+        return n / (time.perf_counter() - t0)
+
+
+def _pong_train(cfg, fns: list, workers: int, train_rollouts: int, out: dict) -> None:
+    """The training loop (collect + prepare + update) and collection alone, into ``out``."""
+    import torch
+
+    from fastvec.engine import Engine
+    from fastvec.train import PPO, EngineStorage
+
+    T, num_envs = cfg.n_steps, len(fns)
+    engine = Engine(
+        fns, num_workers=workers, num_slots=T + 1, autoreset_mode="same_step", context=cfg.context, spin_us=cfg.spin_us
+    )
+    backend = EngineStorage(engine)
+    try:
+        device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        ppo = PPO(cfg, backend, torch.device(device))
+        out["torch_threads"] = [ppo.act_threads, ppo.learn_threads]
+        out["device"] = str(ppo.device)
+        backend.reset(0)
+        ppo.collect()
+        ppo.prepare()
+        ppo.update()  # warm-up (allocator, cudnn autotune)
+        ppo.t_act = ppo.t_env = ppo.t_prep = ppo.t_learn = 0.0
+        t0 = time.perf_counter()
+        for _ in range(train_rollouts):
+            ppo.collect()
+            ppo.prepare()
+            ppo.update()
+            ppo.rollout.obs[0].copy_(ppo.rollout.obs[T])
+        wall = time.perf_counter() - t0
+        out["train_sps"] = train_rollouts * T * num_envs / wall
+        out["collect_sps"] = train_rollouts * T * num_envs / (ppo.t_act + ppo.t_env)
+        out["time_breakdown"] = {"act": ppo.t_act, "env": ppo.t_env, "prepare": ppo.t_prep, "learn": ppo.t_learn}
+    finally:
+        backend.close()
+
+
+def child_pong(num_envs: int, num_workers: int | None, steps: int, train_rollouts: int, overrides: list) -> dict:
+    """Engine random-action steps/s vs the PPO loop's steps/s on the same envs/workers."""
+    _warm_torch()
+    from fastvec.options import available_cores
+    from fastvec.train import PPOConfig, apply_overrides
+    from fastvec.train.presets import env_factory, preset_for
+
+    env_id = "ALE/Pong-v5"
+    cfg = apply_overrides(PPOConfig(), preset_for(env_id))
+    cfg.num_envs = num_envs
+    cfg.num_workers = num_workers
+    apply_overrides(cfg, overrides)
+    workers = cfg.num_workers or min(num_envs, available_cores())
+    fns = [env_factory(env_id)] * num_envs
+    out = {"num_envs": num_envs, "num_workers": workers, "torch_threads": None}
+    out["random_sps"] = _pong_random_sps(fns, workers, cfg.n_steps, steps)
+    _pong_train(cfg, fns, workers, train_rollouts, out)
+    out["ratio_train_vs_random"] = out["train_sps"] / out["random_sps"]
+    out["ratio_collect_vs_random"] = out["collect_sps"] / out["random_sps"]
+    return out
+
+
+CHILDREN = {"sb3": child_sb3, "fastvec": child_fastvec, "pong": child_pong}
