@@ -1,0 +1,99 @@
+#!/usr/bin/env python
+"""Two builds' own step times, interleaved: fastvec's median ``step()`` time on Pong x8
+(2 workers), each door, each build in a fresh process per round, the builds' order
+alternating. A check of ``ab_builds.py``'s ratios when the host is noisy: a ratio
+against SyncVectorEnv moves with the serial run measured beside it, a step time only
+with the build.
+
+    python benchmarks/ab_step_times.py --before /path/to/old --after . --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+CHILD = """
+import json, sys, time
+import numpy as np
+sys.path.insert(0, {here!r})
+from harness.envs import make_pong
+import fastvec
+
+door, steps = sys.argv[1], int(sys.argv[2])
+if door == "gym":
+    env = fastvec.AsyncVectorEnv([make_pong] * 8, num_workers=2)
+    env.reset(seed=0)
+else:
+    env = fastvec.SubprocVecEnv([make_pong] * 8, num_workers=2)
+    env.seed(0)
+    env.reset()
+rng = np.random.default_rng(0)
+acts = [rng.integers(0, 6, size=8) for _ in range(32)]
+for i in range(100):  # warm-up: the waits learn the loop
+    env.step(acts[i % 32])
+ts = []
+for i in range(steps):
+    t0 = time.perf_counter()
+    env.step(acts[i % 32])
+    ts.append(time.perf_counter() - t0)
+env.close()
+print(json.dumps({{"fastvec": fastvec.__file__, "median_us": float(np.median(ts)) * 1e6}}))
+"""
+
+
+def step_time(build: str, door: str, steps: int) -> float:
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(build))
+    code = CHILD.format(here=HERE)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, door, str(steps)],
+        env=env,
+        cwd=tempfile.gettempdir(),  # outside both trees
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{build} {door}: {proc.stderr[-2000:]}")
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not res["fastvec"].startswith(os.path.join(os.path.abspath(build), "")):
+        raise RuntimeError(f"measured {res['fastvec']}, not {build}")
+    return res["median_us"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--before", required=True, help="source tree of the first build (built in place)")
+    p.add_argument("--after", required=True, help="source tree of the second build (built in place)")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--steps", type=int, default=600, help="timed steps per measurement")
+    args = p.parse_args(argv)
+    if args.rounds < 1 or args.steps < 1:
+        p.error("--rounds and --steps must be positive")
+    got: dict = {}
+    for r in range(args.rounds):
+        order = ("before", "after") if r % 2 == 0 else ("after", "before")
+        for name in order:
+            for door in ("gym", "sb3"):
+                us = step_time(getattr(args, name), door, args.steps)
+                got.setdefault((door, name), []).append(us)
+                print(f"round {r + 1}/{args.rounds} {name} {door}: {us:.0f} us", flush=True)
+    print("\n| door | before, median us (range) | after | after / before |\n|---|---:|---:|---:|")
+    for door in ("gym", "sb3"):
+        b, a = got[(door, "before")], got[(door, "after")]
+        mb, ma = statistics.median(b), statistics.median(a)
+        print(
+            f"| {door} | {mb:.0f} ({min(b):.0f}-{max(b):.0f}) | {ma:.0f} ({min(a):.0f}-{max(a):.0f}) | {ma / mb:.3f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
