@@ -5,13 +5,15 @@ Front doors:
 - ``fastvec.AsyncVectorEnv``: a ``gymnasium.vector.VectorEnv``.
 - ``fastvec.SubprocVecEnv``: Stable-Baselines3's ``VecEnv`` API (SB3 optional).
 
-Both run on ``fastvec.Engine``. ``fastvec.gae`` computes GAE over ``[T, N]`` rollouts.
+Both run on ``fastvec.Engine``. ``fastvec.gae`` computes GAE over ``[T, N]`` rollouts,
+``fastvec.vtrace`` its off-policy counterpart (V-trace's importance-clipped targets).
 ``fastvec.ray`` (optional, ``pip install "fastvec[ray]"``, imported only on request) has
 the same two doors over Ray actors spread across a cluster.
 """
 
 from .errors import ClosedError, WorkerError
 from .gae import gae, gae_from_dones  # eager: the module shares the function's name
+from .vtrace import vtrace  # eager, for the same reason
 
 __version__ = "0.1.0"
 
@@ -22,7 +24,7 @@ _LAZY = {
     "SubprocVecEnv": ("fastvec.doors.sb3", "SubprocVecEnv"),
 }
 
-__all__ = ["WorkerError", "ClosedError", "gae", "gae_from_dones", *_LAZY]
+__all__ = ["WorkerError", "ClosedError", "gae", "gae_from_dones", "vtrace", *_LAZY]
 
 
 def __getattr__(name):

@@ -109,15 +109,22 @@ def _flag_input(x, name, shape):
     return a
 
 
+def _real(x, name, expected):
+    """``float(x)`` for a real scalar (Python or numpy number, 0-d array; not a
+    bool); otherwise a ValueError saying ``name`` must be ``expected``."""
+    if type(x) is float:
+        return x
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (Real, np.ndarray, np.generic)):
+        raise ValueError(f"{name} must be {expected}, got {x!r}")
+    if isinstance(x, (np.ndarray, np.generic)):
+        if np.ndim(x) != 0 or np.asarray(x).dtype.kind not in "iuf":
+            raise ValueError(f"{name} must be {expected}, got {x!r}")
+    return float(x)
+
+
 def _coef(x, name):
     """gamma / lam: a finite real number in [0, 1]."""
-    if type(x) is not float:
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (Real, np.ndarray, np.generic)):
-            raise ValueError(f"{name} must be a real number in [0, 1], got {x!r}")
-        if isinstance(x, (np.ndarray, np.generic)):
-            if np.ndim(x) != 0 or np.asarray(x).dtype.kind not in "iuf":
-                raise ValueError(f"{name} must be a real number in [0, 1], got {x!r}")
-        x = float(x)
+    x = _real(x, name, "a real number in [0, 1]")
     if not (0.0 <= x <= 1.0):  # also False for NaN
         raise ValueError(f"{name} must be a finite number in [0, 1], got {x!r}")
     return x
@@ -127,18 +134,20 @@ def _overlaps(a, b):
     return np.may_share_memory(a, b) and np.shares_memory(a, b)
 
 
-def _outputs(out, dt, shape, inputs):
+def _outputs(out, dt, shape, inputs, second=("returns", "ret_out")):
     """Validate ``out`` (or allocate). Returns (adv, ret, adv_k, ret_k) where
     the ``_k`` arrays are what the kernel writes into (a temporary when an out
-    buffer has a layout the kernel cannot write in place)."""
+    buffer has a layout the kernel cannot write in place). ``second`` names
+    the second output in messages: (what it holds, its argument name)."""
     if out is None:
         adv = np.empty(shape, dt)
         ret = np.empty(shape, dt)
         return adv, ret, adv, ret
+    names = ("out[0] (advantages)", f"out[1] ({second[0]})")
     if not isinstance(out, (tuple, list)) or len(out) != 2:
-        raise ValueError("out must be a tuple (adv_out, ret_out) of two arrays")
+        raise ValueError(f"out must be a tuple (adv_out, {second[1]}) of two arrays")
     adv, ret = out
-    for name, o in (("out[0] (advantages)", adv), ("out[1] (returns)", ret)):
+    for name, o in zip(names, out):
         if not isinstance(o, np.ndarray):
             raise ValueError(f"{name} must be a numpy.ndarray, got {type(o).__name__}")
         if o.dtype != dt:
@@ -153,7 +162,7 @@ def _outputs(out, dt, shape, inputs):
     if _overlaps(adv, ret):
         raise ValueError("out[0] and out[1] overlap; use separate buffers")
     ks = []
-    for name, o in (("out[0] (advantages)", adv), ("out[1] (returns)", ret)):
+    for name, o in zip(names, out):
         if not _kernel_ready(o):
             ks.append(np.empty(shape, dt))  # written through a temporary
             continue

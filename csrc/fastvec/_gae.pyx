@@ -1,8 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Typed GAE kernels (no input validation beyond memory safety).
 
-Use :func:`fastvec.gae.gae` / :func:`fastvec.gae.gae_from_dones`; they validate,
-convert and allocate, then call the kernels here.
+Use :func:`fastvec.gae.gae` / :func:`fastvec.gae.gae_from_dones` /
+:func:`fastvec.vtrace.vtrace`; they validate, convert and allocate, then call
+the kernels here.
 
 Layout contract (checked here because memory safety depends on it):
 
@@ -28,6 +29,9 @@ is set, ``next_values[t, n]`` is not read at all, and when either flag is set
 boundary (``0 * nan`` would be NaN).
 """
 from cython cimport floating
+from libc.math cimport exp, expf
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 ctypedef unsigned char flag_t
 
@@ -288,3 +292,200 @@ def gae_dones_kernel(
                   &dones[0, 0], dones.strides[0], NULL, 0,
                   <f64_rp>&last_value[0], &last_done[0],
                   <f64_rp>&adv[0, 0], sa, <f64_rp>&ret[0, 0], sret, <f64_rp>coef)
+
+
+# --------------------------------------------------------------------------- #
+# V-trace (importance-clipped targets)
+# --------------------------------------------------------------------------- #
+cdef inline void _vrow(
+    const floating* r, const floating* v, const floating* nv,
+    const flag_t* term, const flag_t* trunc, const floating* lr,
+    floating* w, floating* corr, const floating* ret_next,
+    floating* a, floating* ret, Py_ssize_t N, const floating* k, bint gae_adv,
+) noexcept nogil:
+    """One row ``t`` of the V-trace recursion, ``n`` = 0..N-1 (unit stride).
+
+    ``corr`` holds ``v[t + 1] - V[t + 1]`` on entry and ``v[t] - V[t]`` on
+    exit (one scratch row, so the correction is carried exactly rather than
+    recovered as ``ret - values``, which would round). ``ret_next`` is row
+    t+1 of the targets, or NULL for t = T-1 (nothing to carry, the policy
+    gradient bootstraps from ``next_values``). ``w`` is scratch for the
+    ratios. ``k = [gamma, gamma * lam, rho_bar, c_bar, pg_rho_bar]``.
+
+    With ``rho = c = 1`` every operation matches :func:`_row`'s (``1 * x``
+    and ``gl * 1`` are exact), so on-policy targets are GAE's returns to the
+    bit on a machine that does not fuse multiply-adds.
+    """
+    cdef Py_ssize_t n
+    cdef flag_t te, tt
+    cdef floating g = k[0], gl = k[1], rb = k[2], cb = k[3], pb = k[4]
+    cdef floating vn, wn, x, y, q, z, rho, cc, p, c
+    # exp apart, in its own pass: libm's exp has no vector form without
+    # -ffast-math (which would break the NaN rules), and keeping the call out
+    # of the main loops lets them vectorise. Those loops load every operand
+    # unconditionally and select afterwards (gcc if-converts selects, not
+    # conditional loads) and do not branch on the mode (a loop-invariant
+    # branch there is not if-converted either): they always write IMPALA's
+    # advantages, overwritten by the correction in the "gae" mode.
+    for n in range(N):
+        if floating is float:
+            w[n] = expf(lr[n])
+        else:
+            w[n] = exp(lr[n])
+    if ret_next == NULL:  # t = T-1: nothing carried, q = x
+        for n in range(N):
+            vn = v[n]
+            wn = w[n]
+            x = nv[n]
+            if term[n] != 0:
+                x = 0
+            rho = wn
+            if rho > rb:  # a NaN ratio stays NaN (the comparison is false)
+                rho = rb
+            p = wn
+            if p > pb:
+                p = pb
+            c = rho * (r[n] + g * x - vn)
+            corr[n] = c
+            ret[n] = c + vn
+            a[n] = p * (r[n] + g * x - vn)
+    else:
+        for n in range(N):
+            vn = v[n]
+            wn = w[n]
+            x = nv[n]
+            y = corr[n]
+            q = ret_next[n]
+            te = term[n]
+            tt = te | trunc[n]
+            if te != 0:
+                x = 0
+            rho = wn
+            if rho > rb:
+                rho = rb
+            cc = wn
+            if cc > cb:
+                cc = cb
+            p = wn
+            if p > pb:
+                p = pb
+            # At an episode end both factors of the carried term are zeroed by
+            # selects, not multiplied by (1 - done), so an inf ratio or a NaN in
+            # the next episode cannot leak across the boundary. (Selecting the
+            # product instead would stop the loop vectorising: gcc would move
+            # the multiplication under the branch.)
+            if tt != 0:
+                y = 0
+                cc = 0
+                q = x
+            z = (gl * cc) * y
+            c = rho * (r[n] + g * x - vn) + z
+            corr[n] = c
+            ret[n] = c + vn
+            a[n] = p * (r[n] + g * q - vn)
+    if gae_adv:  # the advantages are the correction itself
+        memcpy(a, corr, N * sizeof(floating))
+
+
+cdef void _vloop(
+    Py_ssize_t T, Py_ssize_t N, bint gae_adv,
+    real_rp pr, Py_ssize_t sr, real_rp pv, Py_ssize_t sv,
+    real_rp pnv, Py_ssize_t snv, flag_rp pte, Py_ssize_t ste,
+    flag_rp ptu, Py_ssize_t stu, real_rp plr, Py_ssize_t slr, real_rp pw, real_rp pc,
+    real_rp pa, Py_ssize_t sa, real_rp pret, Py_ssize_t sret, real_rp coef,
+) noexcept nogil:
+    """Backward loop over t (outer), rows inner; ``pw`` / ``pc``: scratch rows."""
+    cdef Py_ssize_t t = T - 1
+    _vrow(pr + t * sr, pv + t * sv, pnv + t * snv, pte + t * ste, ptu + t * stu, plr + t * slr,
+          pw, pc, NULL, pa + t * sa, pret + t * sret, N, coef, gae_adv)
+    for t in range(T - 2, -1, -1):
+        _vrow(pr + t * sr, pv + t * sv, pnv + t * snv, pte + t * ste, ptu + t * stu, plr + t * slr,
+              pw, pc, pret + (t + 1) * sret, pa + t * sa, pret + t * sret, N, coef, gae_adv)
+
+
+# Called through pointers for the same reason as ``_loop`` (restrict kept).
+ctypedef void (*vloop_f32_t)(
+    Py_ssize_t, Py_ssize_t, bint, f32_rp, Py_ssize_t, f32_rp, Py_ssize_t,
+    f32_rp, Py_ssize_t, flag_rp, Py_ssize_t, flag_rp, Py_ssize_t, f32_rp, Py_ssize_t, f32_rp, f32_rp,
+    f32_rp, Py_ssize_t, f32_rp, Py_ssize_t, f32_rp) noexcept nogil
+ctypedef void (*vloop_f64_t)(
+    Py_ssize_t, Py_ssize_t, bint, f64_rp, Py_ssize_t, f64_rp, Py_ssize_t,
+    f64_rp, Py_ssize_t, flag_rp, Py_ssize_t, flag_rp, Py_ssize_t, f64_rp, Py_ssize_t, f64_rp, f64_rp,
+    f64_rp, Py_ssize_t, f64_rp, Py_ssize_t, f64_rp) noexcept nogil
+cdef vloop_f32_t _vloop_f32 = _vloop[f32_rp]
+cdef vloop_f64_t _vloop_f64 = _vloop[f64_rp]
+
+
+def vtrace_kernel(
+    const floating[:, :] rewards,
+    const floating[:, :] values,
+    const floating[:, :] next_values,
+    const flag_t[:, :] terminated,
+    const flag_t[:, :] truncated,
+    const floating[:, :] log_rhos,
+    double gamma,
+    double lam,
+    double rho_bar,
+    double c_bar,
+    double pg_rho_bar,
+    bint gae_advantages,
+    floating[:, :] adv,
+    floating[:, :] ret,
+):
+    """Fill ``adv`` (advantages) and ``ret`` (value targets) in place.
+
+    With ``w = exp(log_rhos)``, ``rho = min(rho_bar, w)``, ``c = min(c_bar, w)``,
+    ``x = term ? 0 : nv``, ``done = term or trunc``:
+    ``corr[t] = rho * (r + gamma * x - v) + (done or t = T-1 ? 0 : gamma * lam * c * corr[t + 1])``,
+    ``ret = corr + v``; ``adv = corr`` when ``gae_advantages``, else
+    ``min(pg_rho_bar, w) * (r + gamma * q - v)`` with ``q = ret[t + 1]``, or
+    ``x`` at an episode end or t = T-1. Same layout and overlap rules as
+    :func:`gae_kernel`.
+    """
+    cdef Py_ssize_t T = values.shape[0], N = values.shape[1]
+    cdef Py_ssize_t isz = sizeof(floating)
+    _check2(T, N, rewards.shape[0], rewards.shape[1], rewards.strides[1], isz, "rewards")
+    _check2(T, N, next_values.shape[0], next_values.shape[1], next_values.strides[1], isz, "next_values")
+    _check2(T, N, terminated.shape[0], terminated.shape[1], terminated.strides[1], 1, "terminated")
+    _check2(T, N, truncated.shape[0], truncated.shape[1], truncated.strides[1], 1, "truncated")
+    _check2(T, N, log_rhos.shape[0], log_rhos.shape[1], log_rhos.strides[1], isz, "log_rhos")
+    _check2(T, N, adv.shape[0], adv.shape[1], adv.strides[1], isz, "adv")
+    _check2(T, N, ret.shape[0], ret.shape[1], ret.strides[1], isz, "ret")
+    _check2(T, N, T, N, values.strides[1], isz, "values")
+    if T == 0 or N == 0:
+        return
+    cdef Py_ssize_t sr = _rstride(rewards.strides[0], isz, "rewards")
+    cdef Py_ssize_t sv = _rstride(values.strides[0], isz, "values")
+    cdef Py_ssize_t snv = _rstride(next_values.strides[0], isz, "next_values")
+    cdef Py_ssize_t slr = _rstride(log_rhos.strides[0], isz, "log_rhos")
+    cdef Py_ssize_t sa = _rstride(adv.strides[0], isz, "adv")
+    cdef Py_ssize_t sret = _rstride(ret.strides[0], isz, "ret")
+    _check_out_rows(T, N, sa, "adv")
+    _check_out_rows(T, N, sret, "ret")
+    cdef floating coef[5]
+    coef[0] = <floating>gamma
+    coef[1] = <floating>(gamma * lam)
+    coef[2] = <floating>rho_bar
+    coef[3] = <floating>c_bar
+    coef[4] = <floating>pg_rho_bar
+    cdef floating* scratch = <floating*>malloc(2 * N * isz)  # ratios, carried correction
+    if scratch == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            if floating is float:
+                _vloop_f32(T, N, gae_advantages,
+                      <f32_rp>&rewards[0, 0], sr, <f32_rp>&values[0, 0], sv,
+                      <f32_rp>&next_values[0, 0], snv,
+                      &terminated[0, 0], terminated.strides[0], &truncated[0, 0], truncated.strides[0],
+                      <f32_rp>&log_rhos[0, 0], slr, <f32_rp>scratch, <f32_rp>(scratch + N),
+                      <f32_rp>&adv[0, 0], sa, <f32_rp>&ret[0, 0], sret, <f32_rp>coef)
+            else:
+                _vloop_f64(T, N, gae_advantages,
+                      <f64_rp>&rewards[0, 0], sr, <f64_rp>&values[0, 0], sv,
+                      <f64_rp>&next_values[0, 0], snv,
+                      &terminated[0, 0], terminated.strides[0], &truncated[0, 0], truncated.strides[0],
+                      <f64_rp>&log_rhos[0, 0], slr, <f64_rp>scratch, <f64_rp>(scratch + N),
+                      <f64_rp>&adv[0, 0], sa, <f64_rp>&ret[0, 0], sret, <f64_rp>coef)
+    finally:
+        free(scratch)
