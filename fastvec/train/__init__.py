@@ -8,7 +8,8 @@
 - ``rollout``: the learner's tensors over a storage (views on the CPU, separate device
   buffers filled by copies on a GPU; ``host_memory``: page-locked host memory);
 - ``acting``: a policy's per-step forward (``ActingPath``: functional, or numpy on the CPU);
-- ``ppo``: acting, targets (GAE) and the clipped update; ``statistics``: episode
+- ``ppo``: acting, targets (GAE) and the clipped update; ``lr_schedule``: the learning
+  rate's schedules (linear, constant, adaptive to the KL); ``statistics``: episode
   tracking and reward scaling, kept across rollouts;
 - ``loop``: ``train(cfg, storage, monitor)``, which builds no envs;
 - ``checkpoints``, ``evaluate``: checkpoints and ``fastvec eval``;

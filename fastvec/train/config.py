@@ -30,6 +30,9 @@ __all__ = [
 ]
 
 
+LR_SCHEDULES = ("linear", "constant", "adaptive")
+
+
 class ConfigError(ValueError):
     """A bad configuration value or key (reported as a one-line error by the CLI)."""
 
@@ -73,23 +76,39 @@ class TransportConfig:
 TRANSPORT_KEYS = tuple(f.name for f in dataclasses.fields(TransportConfig))
 
 
+def _check_schedule_pair(anneal_lr, lr_schedule) -> None:
+    """ConfigError where ``anneal_lr`` and ``lr_schedule``, given together, disagree."""
+    if bool(anneal_lr) != (lr_schedule == "linear"):
+        raise ConfigError(
+            f"anneal_lr={str(anneal_lr).lower()} contradicts lr_schedule={lr_schedule} "
+            "(anneal_lr is its older spelling: true is linear, false any other schedule); give one of them"
+        )
+
+
 def _flat_transport_keys(cls):
     """``PPOConfig(context=...)`` as before the transport settings moved into
     ``cfg.transport`` (``cfg.context`` etc. are properties). Each config owns its transport
     (a copy of one given, and in ``copy.copy`` / ``dataclasses.replace``), so setting a
-    key on one config never changes another, as with flat fields."""
+    key on one config never changes another, as with flat fields. ``anneal_lr`` (a
+    property over ``lr_schedule`` since the schedules had a name) is accepted too."""
     init = cls.__init__
 
     def __init__(self, *args, **kwargs):
         flat = {k: kwargs.pop(k) for k in TRANSPORT_KEYS if k in kwargs}
+        alias = {k: kwargs.pop(k) for k in ("anneal_lr",) if k in kwargs}
         init(self, *args, **kwargs)
         self.transport = dataclasses.replace(self.transport, **flat)
+        if alias:
+            if "lr_schedule" in kwargs:
+                _check_schedule_pair(alias["anneal_lr"], kwargs["lr_schedule"])
+            self.anneal_lr = alias["anneal_lr"]
 
     sig = inspect.signature(init)
     flat_params = [
         inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
         for f in dataclasses.fields(TransportConfig)
     ]
+    flat_params.append(inspect.Parameter("anneal_lr", inspect.Parameter.KEYWORD_ONLY, default=True, annotation=bool))
     # help() and the docs show the flat keys too; functions take a __signature__ at run time
     __init__.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *flat_params])  # type: ignore[attr-defined]
     __init__.__doc__, __init__.__qualname__ = init.__doc__, init.__qualname__
@@ -119,9 +138,20 @@ class PPOConfig:
     and accepted by the constructor as flat keys)."""
     # ---- optimisation
     lr: float = 3e-4
-    """Adam's learning rate."""
-    anneal_lr: bool = True
-    """Decay the learning rate linearly to 0 over ``total_steps``."""
+    """Adam's learning rate (adaptive schedule: the first update's)."""
+    lr_schedule: str = "linear"
+    """How the learning rate moves: linear (decays to 0 over ``total_steps``), constant, or
+    adaptive (after each update, divided by ``lr_factor`` when the update's approximate KL
+    exceeds 2 x ``lr_kl_target``, multiplied by it when the KL is below half of that, within
+    [``lr_min``, ``lr_max``]). ``anneal_lr`` is its older spelling."""
+    lr_kl_target: float = 0.008
+    """The adaptive schedule's target approximate KL per update (rl_games' default)."""
+    lr_factor: float = 1.5
+    """The adaptive schedule's step: the rate is multiplied or divided by this (> 1)."""
+    lr_min: float = 1e-6
+    """The adaptive schedule's lowest learning rate."""
+    lr_max: float = 1e-2
+    """The adaptive schedule's highest learning rate."""
     n_epochs: int = 4
     """Passes over each rollout."""
     minibatch_size: int = 256
@@ -231,6 +261,23 @@ class PPOConfig:
     def env_groups(self, v: int) -> None:
         self.transport.env_groups = v
 
+    # ---- lr_schedule's older spelling (a --set key, a constructor keyword, in to_dict)
+    @property
+    def anneal_lr(self) -> bool:
+        """Decay the learning rate linearly to 0 over ``total_steps``: ``lr_schedule`` is
+        linear. Setting it true makes the schedule linear; false makes a linear one
+        constant and keeps constant or adaptive."""
+        return self.lr_schedule == "linear"
+
+    @anneal_lr.setter
+    def anneal_lr(self, v: bool) -> None:
+        if not isinstance(v, (bool, np.bool_)):
+            raise ConfigError(f"anneal_lr must be true or false, got {v!r}")
+        if v:
+            self.lr_schedule = "linear"
+        elif self.lr_schedule == "linear":
+            self.lr_schedule = "constant"
+
     def validate(self) -> PPOConfig:
         for name in (
             "num_envs",
@@ -263,6 +310,7 @@ class PPOConfig:
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a positive number, got {v!r}")
+        self._validate_schedule()
         for name in ("ent_coef", "vf_coef"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
@@ -282,6 +330,23 @@ class PPOConfig:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         return self
+
+    def _validate_schedule(self) -> None:
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        for name in ("lr_kl_target", "lr_min", "lr_max"):
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ConfigError(f"{name} must be a positive number, got {v!r}")
+        if not (self.lr_factor > 1 and math.isfinite(self.lr_factor)):
+            raise ConfigError(f"lr_factor must be a number above 1, got {self.lr_factor!r}")
+        if self.lr_min > self.lr_max:
+            raise ConfigError(f"lr_min={self.lr_min!r} exceeds lr_max={self.lr_max!r}")
+        if self.lr_schedule == "adaptive" and not self.lr_min <= self.lr <= self.lr_max:
+            raise ConfigError(
+                f"lr={self.lr!r} is outside [lr_min, lr_max] = [{self.lr_min!r}, {self.lr_max!r}] "
+                "(the adaptive schedule starts at lr and stays within them)"
+            )
 
     def to_dict(self) -> dict:
         """Every ``--set`` key and its value, flat (the transport's keys where they were
@@ -363,6 +428,8 @@ def _set_keys() -> list[dataclasses.Field]:
 def _field_kinds() -> dict[str, str]:
     kinds = {}
     for f in _set_keys():
+        if f.name == "lr_schedule":
+            kinds["anneal_lr"] = "bool"  # a property now; its place among the keys as before
         ann = str(f.type).replace(" ", "")
         opt = "None" in ann
         if ann.startswith("tuple"):
@@ -384,33 +451,39 @@ FIELD_KINDS = _field_kinds()
 
 def apply_overrides(cfg: PPOConfig, items) -> PPOConfig:
     """Apply ``["key=value", ...]`` (or a dict of already-typed values) to ``cfg``."""
+    given = {}
     if isinstance(items, dict):
         for k, v in items.items():
             if k not in FIELD_KINDS:
                 raise ConfigError(f"unknown config key {k!r}")
             if k == "hidden" and v is not None:
                 v = tuple(v)
-            setattr(cfg, k, v)
-        return cfg
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"--set expects key=value, got {item!r}")
-        key, text = item.split("=", 1)
-        key = key.strip().replace("-", "_")
-        if key not in FIELD_KINDS:
-            close = [k for k in FIELD_KINDS if key in k or k in key]
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise ConfigError(f"unknown --set key {key!r}{hint}; known keys: {', '.join(sorted(FIELD_KINDS))}")
-        setattr(cfg, key, _parse_value(key, text, FIELD_KINDS[key]))
+            given[k] = v
+    else:
+        for item in items:
+            if "=" not in item:
+                raise ConfigError(f"--set expects key=value, got {item!r}")
+            key, text = item.split("=", 1)
+            key = key.strip().replace("-", "_")
+            if key not in FIELD_KINDS:
+                close = [k for k in FIELD_KINDS if key in k or k in key]
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                raise ConfigError(f"unknown --set key {key!r}{hint}; known keys: {', '.join(sorted(FIELD_KINDS))}")
+            given[key] = _parse_value(key, text, FIELD_KINDS[key])
+    if "anneal_lr" in given and "lr_schedule" in given:
+        _check_schedule_pair(given["anneal_lr"], given["lr_schedule"])
+    for k, v in given.items():
+        setattr(cfg, k, v)
     return cfg
 
 
 # What a resumed run may change: how long it runs and when it stops, where and how fast
 # it computes, how it logs and checkpoints, how it treats failing workers. Everything
 # else shapes the learning itself (the envs, the rollout, the objective, the network,
-# the seed) and stays the run's. Changing total_steps moves the learning-rate schedule's
-# end (it decays over total_steps from where it is); other devices or thread counts give
-# results equal only up to floating-point rounding.
+# the seed, the learning rate's schedule) and stays the run's. Changing total_steps moves
+# the linear schedule's end (it decays over total_steps from where it is); the adaptive
+# schedule's rate is in the train state and goes on from where it was. Other devices or
+# thread counts give results equal only up to floating-point rounding.
 SAFE_ON_RESUME = frozenset(
     {
         "total_steps",

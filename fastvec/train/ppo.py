@@ -35,6 +35,7 @@ from ..gae import gae
 from ..options import available_cores
 from .busy import DeviceBusy
 from .config import ConfigError, PPOConfig
+from .lr_schedule import LRSchedule, mean_kl
 from .monitor import thin
 from .numpy_learner import NumpyLearner
 from .policies import ActorCritic, GaussianDist, is_image_space, make_policy
@@ -212,16 +213,18 @@ class PPO:
         self.busy = DeviceBusy(device)
         self._batch = self.T * self.N
         self.num_updates = max(1, cfg.total_steps // self._batch)
+        self.lr_schedule = LRSchedule(cfg, self.num_updates)
 
     # ------------------------------------------------------------------ resuming
     def train_state(self, rng: dict | None = None) -> dict:
         """Everything besides the weights (and the config) that a resumed run needs to
-        continue exactly: optimiser, counters (the schedules follow ``updates``), episode
-        statistics, reward normaliser, time counters, the learning curve and the RNG
-        states (``rng``: a ``rng_state()`` taken earlier, default now). The observation
-        normaliser is part of the policy's state dict."""
+        continue exactly: optimiser, the adaptive learning rate, counters (the linear
+        schedules follow ``updates``), episode statistics, reward normaliser, time
+        counters, the learning curve and the RNG states (``rng``: a ``rng_state()`` taken
+        earlier, default now). The observation normaliser is part of the policy's state dict."""
         return {
             "optimizer": self.opt.state_dict(),
+            "lr_schedule": self.lr_schedule.state(),
             "env_steps": self.env_steps,
             "updates": self.updates,
             "grad_steps": self.grad_steps,
@@ -237,6 +240,7 @@ class PPO:
         """Continue from ``train_state()`` (weights already loaded into the policy); the
         envs must be reset afterwards (``restart_envs``)."""
         self.opt.load_state_dict(state["optimizer"])
+        self.lr_schedule.load(state.get("lr_schedule"))  # absent before the schedules had a state
         self.env_steps, self.updates = int(state["env_steps"]), int(state["updates"])
         self.grad_steps, self.learn_samples = int(state["grad_steps"]), int(state["learn_samples"])
         self.tracker.load(state["tracker"])
@@ -433,8 +437,7 @@ class PPO:
         cfg, ro, pol = self.cfg, self.rollout, self.policy
         self._set_threads(self.learn_threads)
         frac = max(1.0 - self.updates / self.num_updates, 0.0)
-        lr = cfg.lr * frac if cfg.anneal_lr else cfg.lr
-        self.opt.lr = lr
+        self.opt.lr = lr = self.lr_schedule.rate(self.updates)
         clip = max(cfg.clip_coef * frac if cfg.anneal_clip else cfg.clip_coef, 1e-8)
         B = self._batch
         mb = min(cfg.minibatch_size, B)
@@ -458,11 +461,12 @@ class PPO:
         grad, max_norm, target_kl = self.flat_grad, cfg.max_grad_norm, cfg.target_kl
         stats = collections.defaultdict(list)
         stop = False
-        epochs_done = 0
+        epochs_done = kl_from = 0
         n_mb = 0
         with npl.one_blas_thread() if npl is not None else contextlib.nullcontext():
             for epoch in range(cfg.n_epochs):
                 want_stats = epoch == cfg.n_epochs - 1 or target_kl is not None
+                kl_from = len(stats["kl"])  # where this epoch's KLs start: the adaptive rate reads the last's
                 if mb < B:
                     perm = torch.randperm(B, device=self.device)
                     data_e, acts_e = data[perm], acts[perm]
@@ -498,6 +502,8 @@ class PPO:
                 if stop:
                     break
         self.updates += 1
+        if self.lr_schedule.adaptive:
+            self.lr_schedule.observe(mean_kl(stats["kl"][kl_from:]))
         self.busy.end(span)
         self.busy.synchronize()  # the update's queued device work counts in t_learn
         self.t_learn += time.perf_counter() - t0
