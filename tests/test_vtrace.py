@@ -320,10 +320,11 @@ def test_dtype_follows_values():
     np.testing.assert_array_equal(tgt, want[1])
 
 
-def test_exported_and_light():
+def test_exported_and_light(tmp_path):
     assert fastvec.vtrace is vtrace
     code = "import sys, fastvec; fastvec.vtrace; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # cwd outside the source tree: `python -c` puts it first on sys.path (CI tests the installed package)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert out.stdout.strip() == "False"
 
 
