@@ -199,6 +199,9 @@ class Engine(WorkerReplies, EngineBase):
         segment = create_segment(plan.size)
         self._sup.segment_box.append(segment)
         self.shm_name = segment.name
+        # where each array lies in the segment: another process maps the same arrays with
+        # SegmentPlan.from_entries(segment_entries).arrays(attach_segment(shm_name))
+        self.segment_entries = list(plan.entries)
         arrays = plan.arrays(segment.buf)
         arrays.update(pickled_arrays(obs_space, act_space, self.num_slots, self.num_envs))
         self._bind_ring(arrays)

@@ -251,6 +251,9 @@ def _train(argv) -> int:
             raise ValueError(f"--actors must be a positive integer, got {args.actors}")
         if args.actors is not None and args.actors > cfg.num_envs:
             raise ValueError(f"--actors {args.actors} exceeds num_envs={cfg.num_envs}")
+        from .pipeline import check_backend
+
+        check_backend(cfg, backend=args.backend)
         if args.backend == "ray" and not args.list_keys:
             try:
                 import ray  # noqa: F401
@@ -345,10 +348,12 @@ def build_storage(
     instance on 127.0.0.1; ``ray_actors`` actors, default one per node;
     ``cfg.num_workers`` worker processes per actor)."""
     from .config import ConfigError
+    from .pipeline import check_backend, ring_slots
     from .presets import env_factory
     from .storage import EngineStorage, RayEngineStorage, storage_for
 
-    slots, tr = cfg.n_steps + 1, cfg.transport
+    check_backend(cfg, venv=venv, backend=backend)
+    slots, tr = ring_slots(cfg), cfg.transport
     if tr.env_groups > 1 and (venv is not None or backend != "engine"):
         raise ConfigError(
             f"env_groups={tr.env_groups} needs the engine backend: "
@@ -483,12 +488,25 @@ def run_training(
         raise ValueError("ray_address and ray_actors need backend='ray'")
     if backend == "ray" and venv is not None:
         raise ValueError("backend='ray' starts its own envs: pass an env id, not a vector env")
+    from .pipeline import check_backend
+
+    check_backend(cfg, venv=venv, backend=backend)
     ckpt = None
     if init_from is not None:
         ckpt = load_checkpoint(init_from) if isinstance(init_from, str) else init_from
         if env_id is not None and ckpt.get("env_id") not in (None, env_id):
             raise ValueError(f"checkpoint was trained on {ckpt['env_id']}, not {env_id}")
-    monitor = Monitor(run_dir or None, tensorboard=tensorboard, resume_step=resume_step)
+    learner = None
+    if cfg.pipeline == "async":  # its interpreter starts while the envs do
+        from .pipeline import LearnerProcess
+
+        learner = LearnerProcess()
+    try:
+        monitor = Monitor(run_dir or None, tensorboard=tensorboard, resume_step=resume_step)
+    except BaseException:
+        if learner is not None:
+            learner.close()
+        raise
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     warm_up_torch()
@@ -505,6 +523,8 @@ def run_training(
             pin=device.type == "cuda",
         )
     except BaseException:
+        if learner is not None:
+            learner.close()
         monitor.close()
         raise
     return train(
@@ -519,6 +539,7 @@ def run_training(
         progress=progress,
         save=save,
         t_start=t_start,
+        learner=learner,
     )
 
 

@@ -31,6 +31,8 @@ __all__ = [
 
 
 LR_SCHEDULES = ("linear", "constant", "adaptive")
+PIPELINES = ("lockstep", "async")
+TARGETS = ("gae", "vtrace")
 
 
 class ConfigError(ValueError):
@@ -192,6 +194,24 @@ class PPOConfig:
     """Running mean/std normalisation of observations (inside the policy)."""
     normalize_reward: bool = False
     """Scale rewards by the running std of the discounted return (as SB3's VecNormalize)."""
+    # ---- the pipeline (fastvec.train.pipeline)
+    pipeline: str = "lockstep"
+    """lockstep (collect a rollout, then learn on it) or async (a learner process learns on
+    one rollout while the envs fill the next: see the training guide's "Async pipeline")."""
+    max_policy_lag: int = 1
+    """async: the most updates the policy acting may be behind the learner's; the collector
+    waits rather than run further ahead (0: every rollout acted by the newest policy, the
+    lock-step run exactly)."""
+    rollout_buffers: int = 2
+    """async: K, the rollouts the engine's ring holds (one fills while the learner reads
+    another); at least 2; the collector runs at most K - 1 rollouts ahead."""
+    targets: str = "gae"
+    """async: the advantages and value targets, gae (on the values of the policy that acted)
+    or vtrace (importance-clipped to the learner's policy; ``fastvec.vtrace``)."""
+    vtrace_rho_bar: float = 1.0
+    """targets=vtrace: the clip on the importance weights in the TD errors."""
+    vtrace_c_bar: float = 1.0
+    """targets=vtrace: the clip on the importance weights in the traces."""
     # ---- the run
     seed: int = 0
     """Seeds torch, numpy and the envs (env i gets ``seed + i``)."""
@@ -311,6 +331,7 @@ class PPOConfig:
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a positive number, got {v!r}")
         self._validate_schedule()
+        self._validate_pipeline()
         for name in ("ent_coef", "vf_coef"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
@@ -330,6 +351,26 @@ class PPOConfig:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         return self
+
+    def _validate_pipeline(self) -> None:
+        if self.pipeline not in PIPELINES:
+            raise ConfigError(f"pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}")
+        v = self.max_policy_lag
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ConfigError(f"max_policy_lag must be a non-negative integer (updates), got {v!r}")
+        v = self.rollout_buffers
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 2:
+            raise ConfigError(
+                f"rollout_buffers must be an integer of at least 2 (one rollout fills while the learner reads another), got {v!r}"
+            )
+        if self.targets not in TARGETS:
+            raise ConfigError(f"targets must be one of {', '.join(TARGETS)}, got {self.targets!r}")
+        if self.targets != "gae" and self.pipeline != "async":
+            raise ConfigError(f"targets={self.targets} needs pipeline=async (lock-step learns on-policy: gae)")
+        for name in ("vtrace_rho_bar", "vtrace_c_bar"):
+            v = getattr(self, name)
+            if not v > 0:  # inf allowed: no clipping
+                raise ConfigError(f"{name} must be a positive number (inf allowed), got {v!r}")
 
     def _validate_schedule(self) -> None:
         if self.lr_schedule not in LR_SCHEDULES:
@@ -487,6 +528,9 @@ def apply_overrides(cfg: PPOConfig, items) -> PPOConfig:
 SAFE_ON_RESUME = frozenset(
     {
         "total_steps",
+        "pipeline",
+        "max_policy_lag",
+        "rollout_buffers",
         "stop_at_return",
         "solve_return",
         "device",

@@ -32,12 +32,13 @@ from .checkpoints import PeriodicCheckpoints, check_spaces, policy_from_checkpoi
 from .config import PPOConfig
 from .host_memory import HostPin
 from .monitor import process_rss, worker_health
+from .pipeline import LearnerError, Pipeline, RingSection
 from .policies import describe_policy
 from .ppo import PPO, resolve_device, rng_state
 from .presets import solve_threshold
 from .storage import RolloutStorage
 
-__all__ = ["train", "RestartLimitError", "resume_seed"]
+__all__ = ["train", "RestartLimitError", "LearnerError", "resume_seed"]
 
 
 class RestartLimitError(RuntimeError):
@@ -63,6 +64,7 @@ def train(
     progress: bool = True,
     save: bool = True,
     t_start: float | None = None,
+    learner=None,
 ) -> dict:
     """Train PPO on ``storage`` (see ``fastvec.train.storage``), logging to ``monitor``;
     returns the result dict (``solved``, ``env_steps``, ``wall_seconds``,
@@ -76,14 +78,19 @@ def train(
     asked at every safe point; True ends the run there (``result["interrupted"]``).
     ``t_start``: the ``time.perf_counter()`` the wall time counts from (default: now;
     the CLI passes the moment before it started the envs, so start-up counts). With a
-    run directory (``monitor.run_dir``) and ``save``, checkpoints go there.
+    run directory (``monitor.run_dir``) and ``save``, checkpoints go there. ``learner``:
+    for ``pipeline=async``, a ``fastvec.train.pipeline.LearnerProcess`` started earlier
+    (the run takes it over; default: one started here).
     """
     try:
         cfg = cfg.validate()
         device = resolve_device(cfg.device)
         if init is not None and resume is not None:
             raise ValueError("give init or resume, not both")
+        _check_pipeline_storage(cfg, storage)
     except BaseException:
+        if learner is not None:
+            learner.close()
         storage.close()
         monitor.close()
         raise
@@ -97,6 +104,7 @@ def train(
         resume,
         save,
         time.perf_counter() if t_start is None else t_start,
+        learner,
     )
     try:
         run.start(init if resume is None else resume, progress)
@@ -111,6 +119,22 @@ def train(
     finally:
         run.release()
     return run.finish()
+
+
+def _check_pipeline_storage(cfg: PPOConfig, storage) -> None:
+    """pipeline=async needs an engine's ring on this machine, sized for its K rollouts."""
+    if cfg.pipeline != "async":
+        return
+    if getattr(storage, "kind", None) != "fastvec" or not hasattr(getattr(storage, "engine", None), "segment_entries"):
+        raise ValueError(
+            f"pipeline=async needs fastvec's engine on this machine (its learner maps the ring), not {storage.kind!r}"
+        )
+    want = cfg.rollout_buffers * (cfg.n_steps + 1)
+    if storage.obs.shape[0] != want:
+        raise ValueError(
+            f"pipeline=async with rollout_buffers={cfg.rollout_buffers} needs an engine ring of "
+            f"{want} slots (K x (n_steps + 1)), this one has {storage.obs.shape[0]}"
+        )
 
 
 class _Run:
@@ -130,7 +154,9 @@ class _Run:
         resume: dict | None,
         save: bool,
         t_start: float,
+        learner=None,
     ):
+        self.learner = learner
         self.cfg, self.storage, self.monitor, self.device = cfg, storage, monitor, device
         self.env_id, self.env_kwargs, self.resume, self.t_start = env_id, env_kwargs, resume, t_start
         threshold = cfg.solve_return
@@ -146,6 +172,7 @@ class _Run:
         self.state = resume["train_state"] if resume is not None else {}  # the resumed run's counters
         self.wall_before = float(self.state.get("wall_seconds", 0.0))
         self.ppo: PPO | None = None  # these from start()
+        self.pipe: Pipeline | None = None  # pipeline=async: the learner process's other end
         self.restarts: _RestartWatch | None = None
         self.pin = self.bar = self.metrics = None
         self.t_ready = t_start
@@ -159,19 +186,25 @@ class _Run:
         cfg, storage, resume = self.cfg, self.storage, self.resume
         if ckpt is not None:
             check_spaces(ckpt, storage.single_observation_space, storage.single_action_space, self.env_id or "this env")
-        if self.device.type == "cuda":
+        pipelined = cfg.pipeline == "async"
+        if self.device.type == "cuda" and not pipelined:  # (the async learner pins what it reads)
             torch.backends.cudnn.benchmark = True
             self.pin = HostPin(storage.arrays()) if storage.arrays() else None
         policy = None
         if ckpt is not None:
             policy = policy_from_checkpoint(ckpt)
             policy.train()
-        self.ppo = ppo = PPO(cfg, storage, self.device, policy)
+        # async: the collector acts on the CPU, into the shared rollouts; the learner has the device
+        on = RingSection(storage, 0, cfg.n_steps) if pipelined else storage
+        self.ppo = ppo = PPO(cfg, on, torch.device("cpu") if pipelined else self.device, policy)
         if resume is not None:
             ppo.load_train_state(self.state)
             ppo.restart_envs(resume_seed(cfg, ppo.env_steps))
         else:
             storage.reset(cfg.seed)
+        if pipelined:
+            launched, self.learner = self.learner, None
+            self.pipe = Pipeline(cfg, storage, ppo, self.device, (self.run_dir, self.env_id, self.env_kwargs), launched)
         self.restarts = restarts = _RestartWatch(storage, cfg, int(self.state.get("restarts", 0)))
         storage.on_restart = lambda: restarts.check(ppo.env_steps)  # counted (and limited) as they happen
         if self.periodic is not None:
@@ -207,10 +240,17 @@ class _Run:
             self.interrupted = True
             return False
         if self.periodic is not None and self.periodic.due(ppo.env_steps):
-            self.periodic.save(ppo, self.env_id, self.env_kwargs, self.full_state())
+            if self.pipe is None:
+                self.periodic.save(ppo, self.env_id, self.env_kwargs, self.full_state())
+            else:
+                self.pipe.drain()  # the learner's safe point then is this one
+                self.save_learner_safe_point(self.periodic.save)
         self.snap = rng_state()
         self.phase = "collect"
-        ppo.collect()
+        if self.pipe is None:
+            ppo.collect()
+        else:
+            self.pipe.collect()
         self.phase = "learn"
         if self.bar is not None:
             self.bar.update(ppo.T * ppo.N)
@@ -220,9 +260,12 @@ class _Run:
             return False
         if ppo.env_steps >= cfg.total_steps:
             return False
-        ppo.prepare()
-        ppo.update()
-        ppo.rollout.obs[0].copy_(ppo.rollout.obs[ppo.T])  # the next rollout starts where this one ended
+        if self.pipe is None:
+            ppo.prepare()
+            ppo.update()
+            ppo.rollout.obs[0].copy_(ppo.rollout.obs[ppo.T])  # the next rollout starts where this one ended
+        else:
+            self.pipe.hand_over()
         now = time.perf_counter()
         if self.metrics.due(now):
             self.metrics.log(now, mean_ret)
@@ -231,6 +274,9 @@ class _Run:
     def end(self) -> None:
         self.phase = "end"
         self.restarts.check(self.ppo.env_steps)  # counted, not limited: the run is over
+        if self.pipe is not None:  # every rollout handed over is learned; its state is the run's
+            self.pipe.drain()
+            self.pipe.absorb()
         self.metrics.close()
         self.lost = self.storage.lost_wakeups()  # before the engine closes
 
@@ -244,10 +290,37 @@ class _Run:
     def wall(self, now: float) -> float:
         return self.wall_before + now - self.t_start
 
+    def summary(self) -> dict:
+        """The last update's losses etc. (the learner's, with the async pipeline)."""
+        return self.pipe.summary if self.pipe is not None else self.ppo.summarize()
+
+    def save_learner_safe_point(self, save) -> bool:
+        """``save(ppo_view, env_id, env_kwargs, train_state)`` with the async learner's last
+        published safe point (its weights and state, the collector's as of the rollout it
+        learned); False where there is none yet."""
+        found = self.pipe.safe_state()
+        if found is None:
+            return False
+        weights, st = found
+        view = self.pipe.checkpoint_view(weights)
+        view.env_steps = st["env_steps"]
+        st["wall_seconds"] = self.wall(time.perf_counter())
+        st["restarts"] = self.restarts.total
+        save(view, self.env_id, self.env_kwargs, st)
+        return True
+
     # ------------------------------------------------------------------ failure
     def emergency_checkpoint(self, exc: BaseException) -> None:
         """The envs failed (or too many restarts): the learner's state of the last safe
         point is whole, so keep it. Not after a second Ctrl-C: that one means now."""
+        if self.run_dir and self.pipe is not None and isinstance(exc, Exception):
+            try:  # the learner's last safe point, whichever process failed
+                path = os.path.join(self.run_dir, "checkpoint.pt")
+                if self.save_learner_safe_point(lambda p, *a, **k: save_checkpoint(path, p, *a[:2], train_state=a[2])):
+                    exc.resume_from = self.run_dir
+            except Exception:  # pragma: no cover - the original error matters more
+                pass
+            return
         if (
             self.run_dir
             and self.ppo is not None
@@ -267,6 +340,10 @@ class _Run:
                 pass
 
     def release(self) -> None:
+        if self.learner is not None:  # started early, never taken over
+            self.learner.close()
+        if self.pipe is not None:
+            self.pipe.close()
         if self.bar is not None:
             self.bar.close()
         if self.pin is not None:
@@ -290,7 +367,7 @@ class _Run:
                     "charts/mean_return": final_mean,
                     "health/restarts": self.restarts.total,
                     "charts/env_sps_overall": result["sps"],
-                    **ppo.summarize(),
+                    **self.summary(),
                 },
                 {"charts/episode_returns": rets, "charts/episode_lengths": lens},
             )
@@ -323,7 +400,7 @@ class _Run:
         solved = self.solved
         if cfg.stop_at_return is None and threshold is not None and final_mean is not None:
             solved = ppo.tracker.full() and final_mean >= threshold
-        return {
+        out = {
             "env_id": self.env_id,
             "solved": bool(solved),
             "env_steps": int(ppo.env_steps),
@@ -357,7 +434,13 @@ class _Run:
             "lost_wakeups": self.lost,
             "interrupted": self.interrupted,
             "resumed": self.resume is not None or bool(self.state.get("resumed")),
+            "pipeline": cfg.pipeline,
         }
+        if self.pipe is not None:
+            stats = self.pipe.stats(time.perf_counter())
+            out["pipeline_stats"] = stats
+            out["device_busy_fraction"] = stats["learner_busy_fraction"]  # the learner's device: its process
+        return out
 
 
 class _Metrics:
@@ -412,8 +495,18 @@ class _Metrics:
             "health/step_latency_us": ppo.last_env_latency * 1e6,
             "health/act_latency_us": ppo.last_act_latency * 1e6,
             "health/restarts": run.restarts.total + len(storage.restarts) - run.restarts.seen,
-            **ppo.summarize(),
+            **run.summary(),
         }
+        if run.pipe is not None:
+            st = run.pipe.stats(now)
+            scal["pipeline/policy_lag_mean"] = st["policy_lag_mean"]
+            scal["pipeline/policy_lag_max"] = st["policy_lag_max"]
+            total = max(sum(st["policy_lag_histogram"]), 1)
+            for lag, n in enumerate(st["policy_lag_histogram"]):  # the histogram, as shares of steps
+                scal[f"pipeline/policy_lag_share_{lag}"] = n / total
+            scal["pipeline/learner_busy_fraction"] = st["learner_busy_fraction"]
+            scal["pipeline/learner_wait_share"] = st["learner_wait_share"]
+            scal["pipeline/collector_wait_share"] = st["collector_wait_share"]
         if self.has_pids:
             h = worker_health(storage.worker_pids)
             scal["health/workers_alive"] = h.get("workers_alive")

@@ -33,6 +33,7 @@ import torch.nn as nn
 
 from ..gae import gae
 from ..options import available_cores
+from ..vtrace import vtrace
 from .busy import DeviceBusy
 from .config import ConfigError, PPOConfig
 from .lr_schedule import LRSchedule, mean_kl
@@ -211,6 +212,9 @@ class PPO:
         self.last_stats: tuple | None = None  # the last update's (stats, lr, clip, epochs, early stop)
         self.t_act = self.t_env = self.t_learn = self.t_prep = 0.0
         self.busy = DeviceBusy(device)
+        # called with t before acting at each step t (the async pipeline's collector takes up
+        # new weights there and records which version acted); None in lock-step
+        self.between_steps = None
         self._batch = self.T * self.N
         self.num_updates = max(1, cfg.total_steps // self._batch)
         self.lr_schedule = LRSchedule(cfg, self.num_updates)
@@ -313,11 +317,14 @@ class PPO:
         span on the device)."""
         policy_act, step, copies = self.policy.act_, self.storage.step, self.rollout.copies
         begin, end = self.busy.begin, self.busy.end
+        hook = self.between_steps
         perf = time.perf_counter
         t_act = t_env = 0.0
         for t, slots in enumerate(self.rollout.steps):
             obs, obs_h, noise, act, act_h, raw, logp, val = slots
             t0 = perf()
+            if hook is not None:
+                hook(t)
             if copies:
                 span = begin()
                 obs.copy_(obs_h, non_blocking=True)
@@ -330,6 +337,11 @@ class PPO:
             t_env += perf() - t1
             t_act += t1 - t0
         return t_act, t_env
+
+    def use_rollout(self, storage, rollout: Rollout, group_views) -> None:
+        """Act into, or learn from, another rollout of the same shapes (the async pipeline
+        keeps K of them in the engine's ring); ``group_views``: ``_views_by_group()``'s for it."""
+        self.storage, self.rollout, self._group_views = storage, rollout, group_views
 
     def _views_by_group(self):
         """Per group, per step t: that group's rows of what acting reads and writes at t
@@ -350,9 +362,12 @@ class PPO:
         policy_act, send, recv = self.policy.act_, sto.send, sto.recv
         views, copies = self._group_views, self.rollout.copies
         begin, end = self.busy.begin, self.busy.end
+        hook = self.between_steps
         perf = time.perf_counter
         t_act = t_env = 0.0
         for t in range(T):
+            if hook is not None:
+                hook(t)
             for g, by_step in enumerate(views):
                 t0 = perf()
                 if t:
@@ -379,47 +394,113 @@ class PPO:
 
     # ------------------------------------------------------------------ targets
     @torch.no_grad()
-    def prepare(self) -> None:
-        """Values, old log-probs, truncation bootstrap and GAE for the rollout."""
+    def prepare(self, acted_by=None) -> None:
+        """Values, old log-probs, truncation bootstrap and the targets for the rollout.
+
+        ``acted_by``: None where the current weights acted (lock-step), else ``(versions,
+        weights)``: the weights version that acted at each step (``[T]``) and a mapping from
+        version to flat weights. Values, old log-probs and the truncation bootstrap are then
+        those of the weights that acted, and with ``targets=vtrace`` the targets are
+        importance-clipped towards the current weights (``fastvec.vtrace``)."""
         t0 = time.perf_counter()
         span = self.busy.begin()
-        cfg, ro, b, T, N = self.cfg, self.rollout, self.storage, self.T, self.N
+        cfg, ro, b, T = self.cfg, self.rollout, self.storage, self.T
         pol = self.policy
         self._set_threads(self.learn_threads)
         if pol.obs_norm is not None:
             pol.update_obs_norm(ro.obs_dev[1:])
-        if not pol.values_at_act:
-            # One batched pass over the rollout (the policy did not change while acting).
-            flat = ro.obs_dev.reshape((T + 1) * N, *ro.obs.shape[2:])
-            params, v = pol.params_and_value(flat)
-            ro.values.copy_(v.view(T + 1, N))
-            ro.logp.copy_(pol.dist.log_prob(params[: T * N], ro.batch_actions()).view(T, N))
-        else:
-            ro.values[T].copy_(pol.value(ro.obs_dev[T]))
-        ro.values_to_host()
         term, trunc = b.terminated[1:], b.truncated[1:]
-        np.copyto(ro.next_values_np, ro.values_np[1:])
         boot = trunc & ~term
-        if boot.any():
-            ts, ns = np.nonzero(boot)
-            final = torch.from_numpy(b.final_obs[1:][ts, ns]).to(self.device)
-            ro.next_values_np[ts, ns] = pol.value(final).float().cpu().numpy()
+        if acted_by is None:
+            boots = [self._behaviour_pass(np.arange(T + 1), boot)]
+        else:
+            versions, weights = acted_by
+            by_step = np.append(versions, versions[-1])  # slot T's value: the last step's weights
+            now = self.flat_param.detach().clone()
+            boots = []
+            for v in np.unique(by_step):
+                self.flat_param.copy_(weights[int(v)])
+                rows = np.flatnonzero(by_step == v)
+                in_rows = np.zeros_like(boot)
+                in_rows[rows[rows < T]] = True
+                boots.append(self._behaviour_pass(rows, boot & in_rows))
+            self.flat_param.copy_(now)
+        ro.values_to_host()
+        np.copyto(ro.next_values_np, ro.values_np[1:])
+        for found in boots:
+            if found is not None:
+                ts, ns, v_final = found
+                ro.next_values_np[ts, ns] = v_final
         rewards = b.rewards[1:]
         if self.reward_scaler is not None:
             rewards = self.reward_scaler(rewards, term | trunc)
-        gae(
-            rewards,
-            ro.values_np[:T],
-            ro.next_values_np,
-            term,
-            trunc,
-            cfg.gamma,
-            cfg.gae_lambda,
-            out=(ro.adv_np, ro.ret_np),
-        )
+        if cfg.targets == "vtrace":
+            vtrace(
+                rewards,
+                ro.values_np[:T],
+                ro.next_values_np,
+                term,
+                trunc,
+                self._log_rhos(),
+                cfg.gamma,
+                cfg.gae_lambda,
+                cfg.vtrace_rho_bar,
+                cfg.vtrace_c_bar,
+                advantages="gae",
+                out=(ro.adv_np, ro.ret_np),
+            )
+        else:
+            gae(
+                rewards,
+                ro.values_np[:T],
+                ro.next_values_np,
+                term,
+                trunc,
+                cfg.gamma,
+                cfg.gae_lambda,
+                out=(ro.adv_np, ro.ret_np),
+            )
         ro.targets_to_device()
         self.busy.end(span)
         self.t_prep += time.perf_counter() - t0
+
+    def _behaviour_pass(self, rows: np.ndarray, boot: np.ndarray):
+        """Values and log-probs at the steps ``rows`` (of ``0..T``; slot T has no action)
+        with the weights in place, and the values of the final observations where ``boot``
+        (the truncations among them): ``(ts, ns, values)`` or None."""
+        ro, T, N, pol = self.rollout, self.T, self.N, self.policy
+        if not pol.values_at_act:
+            # One batched pass (the policy did not change while acting).
+            if len(rows) == T + 1:
+                flat = ro.obs_dev.reshape((T + 1) * N, *ro.obs.shape[2:])
+                params, v = pol.params_and_value(flat)
+                ro.values.copy_(v.view(T + 1, N))
+                ro.logp.copy_(pol.dist.log_prob(params[: T * N], ro.batch_actions()).view(T, N))
+            else:
+                idx = torch.from_numpy(rows)
+                params, v = pol.params_and_value(ro.obs_dev[idx].reshape(len(rows) * N, *ro.obs.shape[2:]))
+                ro.values[idx] = v.view(len(rows), N)
+                acted = rows[rows < T]
+                acts = ro.batch_actions()
+                acts = acts.view(T, N, *acts.shape[1:])[torch.from_numpy(acted)].reshape(
+                    len(acted) * N, *acts.shape[1:]
+                )
+                ro.logp[torch.from_numpy(acted)] = pol.dist.log_prob(params[: len(acted) * N], acts).view(len(acted), N)
+        elif rows[-1] == T:
+            ro.values[T].copy_(pol.value(ro.obs_dev[T]))
+        if not boot.any():
+            return None
+        ts, ns = np.nonzero(boot)
+        final = torch.from_numpy(self.storage.final_obs[1:][ts, ns]).to(self.device)
+        return ts, ns, pol.value(final).float().cpu().numpy()
+
+    def _log_rhos(self) -> np.ndarray:
+        """log pi(a|s) - log mu(a|s) over the rollout: the current weights against the
+        log-probs of the weights that acted (``rollout.logp``)."""
+        ro, T, N, pol = self.rollout, self.T, self.N, self.policy
+        params, _ = pol.params_and_value(ro.batch_obs())
+        lp = pol.dist.log_prob(params, ro.batch_actions()).view(T, N)
+        return (lp - ro.logp).cpu().numpy()
 
     # ------------------------------------------------------------------ learning
     def update(self) -> None:

@@ -45,7 +45,9 @@ class Rollout:
     between the device and the host arrays ``fastvec.gae`` works on.
 
     ``copies``: None for "exactly when ``device`` is not the CPU"; ``pin``: page-lock
-    the host arrays (None: exactly on CUDA).
+    the host arrays (None: exactly on CUDA). ``shared``: numpy arrays that hold what acting
+    records, ``raw`` ``[T, N, dim]``, ``logp`` ``[T, N]`` and ``values`` ``[T + 1, N]``
+    (the async pipeline's shared memory, where its learner reads them; zero copy only).
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class Rollout:
         device: torch.device,
         copies: bool | None = None,
         pin: bool | None = None,
+        shared: dict | None = None,
     ):
         self.storage, self.T, self.N, self.device = storage, T, storage.num_envs, device
         if device.type != "cpu" and copies is False:
@@ -73,7 +76,9 @@ class Rollout:
         self.gaussian = isinstance(dist, GaussianDist)
         dev = device
         # Learner-side arrays (numpy views kept for fastvec.gae).
-        self.values_np = alloc((T + 1, N), np.float32, pin)
+        self.shared = shared
+        zero_copy_shared = shared is not None and not self.copies
+        self.values_np = shared["values"] if zero_copy_shared else alloc((T + 1, N), np.float32, pin)
         self.next_values_np = alloc((T, N), np.float32, pin)
         self.adv_np = alloc((T, N), np.float32, pin)
         self.ret_np = alloc((T, N), np.float32, pin)
@@ -92,10 +97,14 @@ class Rollout:
             self.values = self.values_host
             self.adv = torch.from_numpy(self.adv_np)
             self.ret = torch.from_numpy(self.ret_np)
-        self.logp = torch.empty((T, N), device=dev)
-        self.raw = torch.empty((T, N, dist.dim), device=dev) if self.gaussian else None
+        if zero_copy_shared:
+            self.logp = torch.from_numpy(shared["logp"])
+            self.raw = torch.from_numpy(shared["raw"]) if self.gaussian else None
+        else:
+            self.logp = torch.empty((T, N), device=dev)
+            self.raw = torch.empty((T, N, dist.dim), device=dev) if self.gaussian else None
         self.noise = torch.empty((T, *dist.noise_shape(N)), device=dev)
-        at_act = policy.values_at_act
+        at_act = self.at_act = policy.values_at_act
         self.steps = [
             StepSlots(
                 self.obs_dev[t],
@@ -131,6 +140,21 @@ class Rollout:
         if self.copies:
             self.adv.copy_(torch.from_numpy(self.adv_np), non_blocking=True)
             self.ret.copy_(torch.from_numpy(self.ret_np), non_blocking=True)
+
+    def acted_to_device(self) -> None:
+        """A rollout acted in another process (the async pipeline's collector: ``shared``
+        holds what it recorded) onto the separate device buffers; a no-op with zero copy."""
+        if not self.copies:
+            return
+        T, sh = self.T, self.shared
+        self.obs_dev.copy_(self.obs, non_blocking=True)
+        if self.gaussian:
+            self.raw.copy_(torch.from_numpy(sh["raw"]), non_blocking=True)
+        else:
+            self.act_dev[1:].copy_(self.act[1:], non_blocking=True)
+        if self.at_act:
+            self.logp.copy_(torch.from_numpy(sh["logp"]), non_blocking=True)
+            self.values[:T].copy_(torch.from_numpy(sh["values"][:T]), non_blocking=True)
 
     # what the learner trains on
     def batch_obs(self) -> torch.Tensor:

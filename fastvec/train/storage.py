@@ -165,9 +165,9 @@ class EngineStorage:
     def arrays(self) -> list[np.ndarray]:
         return [self.obs, self.final_obs, self.act, self.rewards, self.terminated, self.truncated]
 
-    def reset(self, seed: int | None) -> None:
+    def reset(self, seed: int | None, slot: int = 0) -> None:
         kw = {i: ({"seed": seed + i} if seed is not None else {}) for i in range(self.num_envs)}
-        self.engine.reset(0, kw)
+        self.engine.reset(slot, kw)
 
     def step(self, slot: int) -> None:
         self._step_async(IN_SLOT, slot)  # the policy wrote the actions into the slot

@@ -1,0 +1,234 @@
+"""The async pipeline's learner process: ``python -m fastvec.train.learner FD``.
+
+It maps the engine's ring and the pipeline's segment (``fastvec.train.pipeline``), builds
+a ``PPO`` that never acts, and for each rollout handed over on the socket ``FD``
+computes the targets, updates and publishes the weights; told to stop, it exits. It
+ignores SIGINT (the collector decides when the run stops) and, should the collector
+die, writes a checkpoint of its last safe point into the run directory and exits.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from .._core.layout import SegmentPlan
+from .._core.shm import attach_segment
+from . import seqlock
+from .config import PPOConfig
+from .pipeline import (
+    _POLL_S,
+    RingSection,
+    _dumps,
+    _merge_state,
+    _published,
+    _shared_rollout,
+    _strip_moments,
+    _weights_views,
+)
+from .rollout import Rollout
+
+
+def main(fd: int) -> None:
+    """Learn on each rollout handed over and publish the weights, until told to stop or
+    the collector is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = Connection(fd)
+    learner = None
+    try:
+        try:
+            msg = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):  # the collector went before it needed a learner
+            return
+        if msg[0] == "stop":  # started early, not needed after all
+            return
+        spec = msg[1]
+        parent = spec["parent"]
+        learner = _Learner(spec)
+        learner.publish()
+        conn.send_bytes(_dumps(("ready",)))
+        while True:
+            msg = _next_message(conn, parent, learner)
+            if msg is None:  # the collector is gone
+                learner.checkpoint_on_orphan()
+                os._exit(3)
+            if msg[0] == "stop":
+                break
+            _, k, r, snapshot, rng = msg
+            conn.send_bytes(_dumps(("done", r, learner.learn(k, r, snapshot, rng))))
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        print(f"fastvec learner: {traceback.format_exc()}", file=sys.stderr)
+        try:
+            conn.send_bytes(_dumps(("error", f"the learner failed: {text}")))
+        except OSError:
+            pass
+        sys.exit(1)
+    finally:
+        if learner is not None:
+            learner.release()
+
+
+def _next_message(conn, parent: int, learner):
+    t0 = time.perf_counter()
+    try:
+        while not conn.poll(_POLL_S):
+            if os.getppid() != parent:
+                return None
+        return pickle.loads(conn.recv_bytes())
+    except (EOFError, ConnectionResetError, OSError):
+        return None
+    finally:
+        learner.t_wait += time.perf_counter() - t0
+
+
+class _Learner:
+    """The learner process's state: a ``PPO`` over the mapped sections (it never acts),
+    the weights versions it published, its safe point."""
+
+    def __init__(self, spec: dict):
+        from .policies import make_policy
+        from .ppo import PPO, resolve_device
+
+        cfg = PPOConfig.from_dict(spec["cfg"])
+        self.cfg, self.spec = cfg, spec
+        self.t_start, self.cpu_start = time.perf_counter(), time.process_time()
+        self.t_wait = 0.0
+        name, entries = spec["engine"]
+        self._engine_map = attach_segment(name)
+        ring = SegmentPlan.from_entries(entries).arrays(self._engine_map)
+        name, entries = spec["pipeline"]
+        self._pipe_map = attach_segment(name)
+        self.arrays = SegmentPlan.from_entries(entries).arrays(self._pipe_map)
+        obs_space, act_space = spec["spaces"]
+        full = SimpleNamespace(
+            kind="fastvec",
+            num_envs=spec["num_envs"],
+            num_workers=None,
+            single_observation_space=obs_space,
+            single_action_space=act_space,
+            obs=ring["obs0"],
+            final_obs=ring["final0"],
+            act=ring["act0"],
+            rewards=ring["rewards"],
+            terminated=ring["terminated"],
+            truncated=ring["truncated"],
+            groups=[(0, spec["num_envs"])],
+        )
+        T = cfg.n_steps
+        self.sections = [RingSection(full, k, T) for k in range(cfg.rollout_buffers)]
+        device = resolve_device(spec["device"])
+        policy = make_policy(
+            obs_space,
+            act_space,
+            hidden=cfg.hidden,
+            activation=cfg.activation,
+            ortho_init=cfg.ortho_init,
+            log_std_init=cfg.log_std_init,
+            normalize_obs=cfg.normalize_obs,
+        )
+        policy.load_state_dict(spec["policy"])
+        policy.train()
+        self.ppo = ppo = PPO(cfg, self.sections[0], device, policy, separate_buffers=spec["separate_buffers"])
+        self.pin = None
+        if device.type == "cuda":  # page-locked once: the rollouts' copies to the GPU are asynchronous
+            from .host_memory import HostPin
+
+            torch.backends.cudnn.benchmark = True
+            held = [full.obs, full.final_obs, full.act, self.arrays["raw"], self.arrays["logp"], self.arrays["values"]]
+            self.pin = HostPin(held)
+        ppo.load_train_state(spec["state"])
+        if cfg.max_policy_lag > 0:  # a stream of its own (lag 0: the collector's, handed over)
+            torch.manual_seed(cfg.seed + 0x5EED)
+        self.rollouts = [
+            Rollout(sec, ppo.policy, T, device, copies=ppo.rollout.copies, shared=_shared_rollout(self.arrays, k))
+            for k, sec in enumerate(self.sections)
+        ]
+        self.published = _published(ppo.policy, ppo.flat_param)
+        self.views = _weights_views(self.arrays, len(self.published))
+        self.history = {ppo.updates: ppo.flat_param.detach().clone()}
+        self.snapshot: dict | None = None
+
+    def learn(self, k: int, r: int, snapshot: dict, rng) -> dict:
+        ppo, cfg = self.ppo, self.cfg
+        if rng is not None:
+            torch.set_rng_state(rng)
+        ppo.use_rollout(self.sections[k], self.rollouts[k], None)
+        self.rollouts[k].acted_to_device()
+        versions = self.arrays["versions"][k].copy()
+        lags = np.bincount(ppo.updates - versions)
+        ppo.prepare(None if (versions == ppo.updates).all() else (versions, self.history))
+        ppo.update()
+        self.history[ppo.updates] = ppo.flat_param.detach().clone()
+        for v in [v for v in self.history if v < ppo.updates - cfg.max_policy_lag - cfg.rollout_buffers]:
+            del self.history[v]
+        self.snapshot = snapshot
+        self.publish()
+        return {
+            "summary": ppo.summarize(),
+            "lags": lags,
+            "updates": ppo.updates,
+            "grad_steps": ppo.grad_steps,
+            "learn_samples": ppo.learn_samples,
+            "t_prep": ppo.t_prep,
+            "t_learn": ppo.t_learn,
+            "stats": {
+                "cpu_s": time.process_time() - self.cpu_start,
+                "wall_s": time.perf_counter() - self.t_start,
+                "wait_s": self.t_wait,
+            },
+        }
+
+    def publish(self) -> None:
+        """The safe point after an update: weights, optimiser moments and train state."""
+        ppo, a, h = self.ppo, self.arrays, self.arrays["header"]
+        blob = pickle.dumps(_strip_moments(ppo.train_state()))
+        if len(blob) > len(a["blob"]):
+            raise RuntimeError(f"the learner's train state grew to {len(blob)} bytes (room for {len(a['blob'])})")
+        seqlock.write_begin(h)
+        for view, t in zip(self.views, self.published, strict=True):
+            np.copyto(view, t.detach().cpu().numpy())
+        np.copyto(a["adam_m"], ppo.opt.m.detach().cpu().numpy())
+        np.copyto(a["adam_v"], ppo.opt.v.detach().cpu().numpy())
+        a["blob"][: len(blob)] = np.frombuffer(blob, np.uint8)
+        h[2] = len(blob)
+        seqlock.write_end(h, ppo.updates)
+
+    def checkpoint_on_orphan(self) -> None:
+        """The collector died: keep this safe point in the run directory and say so."""
+        run_dir, env_id, env_kwargs = self.spec["checkpoint"]
+        if not run_dir or self.snapshot is None:
+            return
+        from .checkpoints import save_checkpoint
+
+        ppo = self.ppo
+        st = _merge_state(ppo.train_state(), self.snapshot)
+        ppo.env_steps = st["env_steps"]
+        path = save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), ppo, env_id, env_kwargs, train_state=st)
+        print(
+            f"fastvec learner: the collector process is gone; the last safe point "
+            f"({st['env_steps']} env steps) is in {path}: resume with --resume {run_dir}",
+            file=sys.stderr,
+        )
+
+    def release(self) -> None:
+        if self.pin is not None:
+            self.pin.release()
+        self.ppo.busy.close()
+        self.arrays = {}
+        self.views = []
+        self.rollouts = []
+        self.sections = []
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
