@@ -7,9 +7,11 @@
 #    batch groups and the busy fraction on CUDA);
 # 2. the engine's random-action speed on Pong (16 envs, lock-step, copy=False);
 # 3. `fastvec train ALE/Pong-v5 --device cuda` (16 envs, 100k env steps) against it
-#    (goal >= 0.6x), in lock-step and with batch groups (`--set env_groups=2`), the
-#    GPU's busy fraction sampled by nvidia-smi every 200 ms while each trains, beside the
-#    trainer's own figure (CUDA events, `device_busy_fraction`; fastvec.train.busy);
+#    (goal >= 0.6x), in lock-step, with batch groups (`--set env_groups=2`) and with the
+#    async pipeline (`--set pipeline=async`: a learner process on the GPU), the GPU's busy
+#    fraction sampled by nvidia-smi every 200 ms while each trains, beside the trainer's
+#    own figure (lock-step: CUDA events, `device_busy_fraction`; async: the learner
+#    process's busy fraction; the seeds' figure for a decoupled learner is 85%);
 # and writes OUT_DIR/gpu_check.md.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,7 +30,7 @@ gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,nohea
 
 # 1. CUDA tests
 t0=$(date +%s)
-tests=$(timeout 150 $py -m pytest -q -p no:cacheprovider tests/test_ppo.py tests/test_train_groups.py -k cuda 2>&1 | tail -1)
+tests=$(timeout 150 $py -m pytest -q -p no:cacheprovider tests/test_ppo.py tests/test_train_groups.py tests/test_pipeline.py -k cuda 2>&1 | tail -1)
 t_tests=$(( $(date +%s) - t0 ))
 
 # 2. random actions, the engine's speed
@@ -36,12 +38,12 @@ random_sps=$(cd /tmp && timeout 60 $py "$here/bench_batches.py" --one pong locks
              $py -c "import json, sys; print(round(json.loads(sys.stdin.read())['sps']))")
 
 # 3. training on CUDA, lock-step and groups, GPU busy fraction sampled alongside
-train_row() {  # $1: name, $2: env_groups -> "sps|ratio|nvidia-smi busy|trainer busy|seconds"
+train_row() {  # $1: name, $2: a --set key=value -> "sps|ratio|nvidia-smi busy|trainer busy|seconds"
   nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$out/util-$1.txt" 2>/dev/null &
   local smi=$! t0=$(date +%s)
   local res
   res=$(timeout 120 $py -m fastvec train ALE/Pong-v5 --device cuda --num-envs 16 --total-steps 100000 \
-        --no-progress --checkpoint-every 0 --set env_groups="$2" --logdir "$out/pong-$1" \
+        --no-progress --checkpoint-every 0 --set "$2" --logdir "$out/pong-$1" \
         2>"$out/train-$1.stderr" | tail -1)
   local secs=$(( $(date +%s) - t0 ))
   kill "$smi" 2>/dev/null
@@ -57,8 +59,9 @@ try:
 except Exception:
     print('failed (see train-$1.stderr)|n/a|' + smi + '|n/a|$secs')"
 }
-IFS='|' read -r lock_sps lock_ratio lock_smi lock_own lock_s <<< "$(train_row lockstep 1)"
-IFS='|' read -r grp_sps grp_ratio grp_smi grp_own grp_s <<< "$(train_row groups 2)"
+IFS='|' read -r lock_sps lock_ratio lock_smi lock_own lock_s <<< "$(train_row lockstep env_groups=1)"
+IFS='|' read -r grp_sps grp_ratio grp_smi grp_own grp_s <<< "$(train_row groups env_groups=2)"
+IFS='|' read -r asy_sps asy_ratio asy_smi asy_own asy_s <<< "$(train_row async pipeline=async)"
 
 {
   echo "# GPU check ($(date -u +%Y-%m-%d), $gpu)"
@@ -75,4 +78,7 @@ IFS='|' read -r grp_sps grp_ratio grp_smi grp_own grp_s <<< "$(train_row groups 
   echo "| same with batch groups (\`--set env_groups=2\`, ${grp_s} s), env steps/s | $grp_sps |"
   echo "| training / random actions, groups | $grp_ratio |"
   echo "| GPU busy, groups: nvidia-smi / CUDA events | $grp_smi / $grp_own |"
+  echo "| same with the async pipeline (\`--set pipeline=async\`, ${asy_s} s), env steps/s | $asy_sps |"
+  echo "| training / random actions, async | $asy_ratio |"
+  echo "| GPU busy, async (goal >= 85%): nvidia-smi / the learner's | $asy_smi / $asy_own |"
 } | tee "$md"

@@ -154,7 +154,7 @@ def _acted_rollout(cfg, versions_of, weights):
 def test_prepare_uses_the_weights_that_acted(no_leaks):
     """Values, old log-probs and truncation bootstraps under each step's acting weights,
     against a step-by-step recomputation with those weights."""
-    cfg = _pendulum_cfg(n_steps=48, num_envs=3, normalize_obs=False, normalize_reward=False)
+    cfg = _pendulum_cfg(n_steps=48, num_envs=3, normalize_obs=False, normalize_reward=False, proximal_policy="acting")
     versions = np.array([0] * 16 + [1] * 20 + [2] * 12)
     ppo0 = PPO(cfg, _dummy_storage(cfg), torch.device("cpu"))
     weights = {v: torch.empty_like(ppo0.flat_param.detach()) for v in range(3)}
@@ -182,6 +182,18 @@ def test_prepare_uses_the_weights_that_acted(no_leaks):
                         assert ro.next_values_np[t, n] == pytest.approx(fv, rel=1e-5, abs=1e-6)
                     for n in np.flatnonzero(~trunc[t] & ~term[t]):
                         assert ro.next_values_np[t, n] == ro.values_np[t + 1, n]
+            mu = ro.logp.clone()
+            ppo.flat_param.copy_(current)
+            # decoupled PPO: the old log-probs become the current weights', each sample weighted
+            # by min(pi_current / mu, rho_bar)
+            ppo.cfg.proximal_policy = "learner"
+            ppo.prepare((versions, weights))
+            params, _ = pol.params_and_value(ro.batch_obs())
+            now = pol.dist.log_prob(params, ro.batch_actions()).view(T, -1)
+            np.testing.assert_allclose(ro.logp.numpy(), now.numpy(), rtol=1e-5, atol=1e-5)
+            w = (now - mu).exp().clamp(max=cfg.vtrace_rho_bar).reshape(-1)
+            np.testing.assert_allclose(ppo.adv_weights.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
+            assert (ppo.adv_weights < 1).any()
     finally:
         sto.close()
 

@@ -174,11 +174,19 @@ def _cpu_ticks():
     return (ticks[7] if len(ticks) > 7 else 0), sum(ticks[:8])
 
 
+def _cpu_of_children() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def run_child(spec: dict, timeout: float, fastvec_root: str | None = None) -> dict:
     """One measurement in a fresh process importing the fastvec in ``fastvec_root``
     (default: this process's); its JSON result, or ``{"error": ...}``."""
     cmd = [sys.executable, "-m", "harness.loop_children", json.dumps(spec)]
     t0 = _cpu_ticks()
+    cpu0 = _cpu_of_children()
     try:
         env = dict(os.environ, PYTHONPATH=child_path(fastvec_root))
         with tempfile.TemporaryDirectory(prefix="fastvec-loop-") as cwd:
@@ -201,6 +209,7 @@ def run_child(spec: dict, timeout: float, fastvec_root: str | None = None) -> di
     if proc.returncode != 0 or not lines:
         return {"error": f"exit code {proc.returncode}"}
     res = json.loads(lines[-1])
+    res["cpu_s"] = _cpu_of_children() - cpu0  # the child's and its waited-for descendants' CPU time
     t1 = _cpu_ticks()
     if t0 and t1 and t1[1] > t0[1]:
         res["steal"] = (t1[0] - t0[0]) / (t1[1] - t0[1])

@@ -12,6 +12,9 @@
   rate's schedules (linear, constant, adaptive to the KL); ``statistics``: episode
   tracking and reward scaling, kept across rollouts;
 - ``loop``: ``train(cfg, storage, monitor)``, which builds no envs;
+- ``pipeline``, ``learner``, ``seqlock``: ``pipeline=async``, a learner process beside
+  the collector (the collector's end and the ring's K rollouts; the learner process; the
+  seqlock its weights come back through);
 - ``checkpoints``, ``evaluate``: checkpoints and ``fastvec eval``;
 - ``policies``, ``presets``, ``monitor``: the networks, per-env hyperparameters and env
   construction, and the run directory (TensorBoard, ``metrics.jsonl``, plots);
@@ -39,6 +42,7 @@ from .checkpoints import load_checkpoint, policy_from_checkpoint, save_checkpoin
 from .config import ConfigError, PPOConfig, TransportConfig, apply_overrides
 from .evaluate import evaluate
 from .loop import train
+from .pipeline import LearnerError
 from .ppo import PPO
 from .storage import EngineStorage, GymVectorStorage, HostPin, RolloutStorage, SB3VecStorage, storage_for
 
@@ -48,6 +52,7 @@ __all__ = [
     "ConfigError",
     "apply_overrides",
     "train",
+    "LearnerError",
     "PPO",
     "RolloutStorage",
     "EngineStorage",

@@ -23,7 +23,6 @@ import torch
 
 from .._core.layout import SegmentPlan
 from .._core.shm import attach_segment
-from . import seqlock
 from .config import PPOConfig
 from .pipeline import (
     _POLL_S,
@@ -32,8 +31,8 @@ from .pipeline import (
     _merge_state,
     _published,
     _shared_rollout,
-    _strip_moments,
     _weights_views,
+    publish,
 )
 from .rollout import Rollout
 
@@ -53,8 +52,7 @@ def main(fd: int) -> None:
             return
         spec = msg[1]
         parent = spec["parent"]
-        learner = _Learner(spec)
-        learner.publish()
+        learner = _Learner(spec)  # the collector published the starting weights
         conn.send_bytes(_dumps(("ready",)))
         while True:
             msg = _next_message(conn, parent, learner)
@@ -101,7 +99,7 @@ class _Learner:
 
         cfg = PPOConfig.from_dict(spec["cfg"])
         self.cfg, self.spec = cfg, spec
-        self.t_start, self.cpu_start = time.perf_counter(), time.process_time()
+        self.t_start = time.perf_counter()
         self.t_wait = 0.0
         name, entries = spec["engine"]
         self._engine_map = attach_segment(name)
@@ -156,6 +154,8 @@ class _Learner:
         self.published = _published(ppo.policy, ppo.flat_param)
         self.views = _weights_views(self.arrays, len(self.published))
         self.history = {ppo.updates: ppo.flat_param.detach().clone()}
+        ppo.busy.start()  # the learner's device: CUDA events on a GPU, this process's CPU time on the CPU
+        self.cpu_last = time.process_time()
         self.snapshot: dict | None = None
 
     def learn(self, k: int, r: int, snapshot: dict, rng) -> dict:
@@ -168,6 +168,9 @@ class _Learner:
         lags = np.bincount(ppo.updates - versions)
         ppo.prepare(None if (versions == ppo.updates).all() else (versions, self.history))
         ppo.update()
+        cpu = time.process_time()
+        ppo.busy.take(cpu - self.cpu_last)
+        self.cpu_last = cpu
         self.history[ppo.updates] = ppo.flat_param.detach().clone()
         for v in [v for v in self.history if v < ppo.updates - cfg.max_policy_lag - cfg.rollout_buffers]:
             del self.history[v]
@@ -182,7 +185,7 @@ class _Learner:
             "t_prep": ppo.t_prep,
             "t_learn": ppo.t_learn,
             "stats": {
-                "cpu_s": time.process_time() - self.cpu_start,
+                "busy_s": ppo.busy.total_busy_s,
                 "wall_s": time.perf_counter() - self.t_start,
                 "wait_s": self.t_wait,
             },
@@ -190,18 +193,7 @@ class _Learner:
 
     def publish(self) -> None:
         """The safe point after an update: weights, optimiser moments and train state."""
-        ppo, a, h = self.ppo, self.arrays, self.arrays["header"]
-        blob = pickle.dumps(_strip_moments(ppo.train_state()))
-        if len(blob) > len(a["blob"]):
-            raise RuntimeError(f"the learner's train state grew to {len(blob)} bytes (room for {len(a['blob'])})")
-        seqlock.write_begin(h)
-        for view, t in zip(self.views, self.published, strict=True):
-            np.copyto(view, t.detach().cpu().numpy())
-        np.copyto(a["adam_m"], ppo.opt.m.detach().cpu().numpy())
-        np.copyto(a["adam_v"], ppo.opt.v.detach().cpu().numpy())
-        a["blob"][: len(blob)] = np.frombuffer(blob, np.uint8)
-        h[2] = len(blob)
-        seqlock.write_end(h, ppo.updates)
+        publish(self.arrays, self.views, self.published, self.ppo)
 
     def checkpoint_on_orphan(self) -> None:
         """The collector died: keep this safe point in the run directory and say so."""

@@ -205,6 +205,24 @@ def _merge_state(learner: dict, snapshot: dict) -> dict:
     return st
 
 
+def publish(arrays: dict, views: list[np.ndarray], published: list[torch.Tensor], ppo) -> None:
+    """Write ``ppo``'s safe point into the published block (one writer at a time: the
+    collector once before the learner starts, then the learner after every update):
+    weights and buffers, the optimiser's moments, the train state, as version ``updates``."""
+    h = arrays["header"]
+    blob = pickle.dumps(_strip_moments(ppo.train_state()))
+    if len(blob) > len(arrays["blob"]):
+        raise RuntimeError(f"the learner's train state grew to {len(blob)} bytes (room for {len(arrays['blob'])})")
+    seqlock.write_begin(h)
+    for view, t in zip(views, published, strict=True):
+        np.copyto(view, t.detach().cpu().numpy())
+    np.copyto(arrays["adam_m"], ppo.opt.m.detach().cpu().numpy())
+    np.copyto(arrays["adam_v"], ppo.opt.v.detach().cpu().numpy())
+    arrays["blob"][: len(blob)] = np.frombuffer(blob, np.uint8)
+    h[2] = len(blob)
+    seqlock.write_end(h, ppo.updates)
+
+
 def _snapshot(ppo) -> dict:
     """The collector's part of a train state, as of the rollout just collected."""
     return {
@@ -291,12 +309,13 @@ class Pipeline:
             "checkpoint": checkpoint_info,
             "parent": os.getpid(),
         }
+        # the starting weights, published before the learner exists (it never writes them)
+        publish(self.arrays, _weights_views(self.arrays, len(self.published)), self.published, ppo)
         self.learner = launched if launched is not None else LearnerProcess()
         self.proc, self.conn = self.learner.proc, self.learner.conn
         self._send(("spec", spec))
-        msg = self._receive()
-        if msg[0] != "ready":
-            raise LearnerError(f"the learner sent {msg[0]!r} instead of ready")
+        # no waiting for it: the first rollouts are collected while its interpreter starts
+        self.ready = False
         self.t_start = time.perf_counter()
 
     # ------------------------------------------------------------------ one rollout
@@ -376,6 +395,9 @@ class Pipeline:
         kind = msg[0]
         if kind == "error":
             raise LearnerError(msg[1])
+        if kind == "ready" and not self.ready:
+            self.ready = True
+            return
         if kind != "done":
             raise LearnerError(f"unexpected message from the learner: {kind!r}")
         _, r, info = msg
@@ -450,8 +472,9 @@ class Pipeline:
 
     # ------------------------------------------------------------------ monitoring
     def stats(self, now: float) -> dict:
-        """Policy lag (per step, in updates), the learner's busy fraction (CPU time over
-        wall time), and each side's share of time waiting for the other."""
+        """Policy lag (per step, in updates), the learner's busy fraction (its device's busy
+        time, ``fastvec.train.busy``: CUDA events on a GPU, the learner process's CPU time on
+        the CPU, over its wall time), and each side's share of time waiting for the other."""
         counts = self.lag_counts
         n = int(counts.sum())
         wall = max(now - self.t_start, 1e-9)
@@ -462,7 +485,7 @@ class Pipeline:
             "policy_lag_mean": round(float((counts * np.arange(len(counts))).sum() / n), 4) if n else None,
             "policy_lag_max": int(np.flatnonzero(counts).max()) if n else None,
             "policy_lag_histogram": [int(c) for c in np.trim_zeros(counts, "b")],
-            "learner_busy_fraction": round(ls["cpu_s"] / max(ls["wall_s"], 1e-9), 4) if ls else None,
+            "learner_busy_fraction": round(min(1.0, ls["busy_s"] / max(ls["wall_s"], 1e-9)), 4) if ls else None,
             "learner_wait_share": round(ls["wait_s"] / max(ls["wall_s"], 1e-9), 4) if ls else None,
             "collector_wait_share": round(self.t_wait / wall, 4),
         }

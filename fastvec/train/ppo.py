@@ -215,6 +215,8 @@ class PPO:
         # called with t before acting at each step t (the async pipeline's collector takes up
         # new weights there and records which version acted); None in lock-step
         self.between_steps = None
+        # per-sample weights of the advantages (proximal_policy=learner), set by prepare
+        self.adv_weights: torch.Tensor | None = None
         self._batch = self.T * self.N
         self.num_updates = max(1, cfg.total_steps // self._batch)
         self.lr_schedule = LRSchedule(cfg, self.num_updates)
@@ -434,6 +436,8 @@ class PPO:
         rewards = b.rewards[1:]
         if self.reward_scaler is not None:
             rewards = self.reward_scaler(rewards, term | trunc)
+        self.adv_weights = None
+        log_rhos = None if acted_by is None else self._log_rhos()
         if cfg.targets == "vtrace":
             vtrace(
                 rewards,
@@ -441,7 +445,7 @@ class PPO:
                 ro.next_values_np,
                 term,
                 trunc,
-                self._log_rhos(),
+                log_rhos if log_rhos is not None else np.zeros_like(ro.adv_np),
                 cfg.gamma,
                 cfg.gae_lambda,
                 cfg.vtrace_rho_bar,
@@ -460,6 +464,11 @@ class PPO:
                 cfg.gae_lambda,
                 out=(ro.adv_np, ro.ret_np),
             )
+        if log_rhos is not None and cfg.proximal_policy == "learner":
+            # decoupled PPO: clip around the current weights, weight by their ratio to the acting ones
+            lr_ = torch.from_numpy(log_rhos).to(self.device)
+            ro.logp.add_(lr_)  # log pi_prox = log mu + log(pi_prox / mu)
+            self.adv_weights = lr_.exp().clamp_(max=cfg.vtrace_rho_bar).reshape(-1)
         ro.targets_to_device()
         self.busy.end(span)
         self.t_prep += time.perf_counter() - t0
@@ -527,6 +536,8 @@ class PPO:
         adv = ro.adv.view(B)
         if cfg.norm_adv and B > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        if self.adv_weights is not None:
+            adv = adv * self.adv_weights
         cols = [ro.logp.view(B, 1), adv.view(B, 1), ro.ret.view(B, 1), ro.values[: self.T].reshape(B, 1)]
         packed_obs = pol.packable_obs
         npl = self.np_learner

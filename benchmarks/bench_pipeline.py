@@ -1,0 +1,189 @@
+#!/usr/bin/env python
+"""``fastvec train`` with the async pipeline (``--set pipeline=async``) against lock-step.
+
+    python benchmarks/bench_pipeline.py --only halfcheetah cartpole invpendulum --out benchmarks/results/pipeline
+    python benchmarks/bench_pipeline.py --only halfcheetah_1m --out benchmarks/results/pipeline
+
+For each workload and seed both candidates train in fresh ``fastvec train`` processes
+with the env's preset, on the same envs, workers and seed (the order alternates by
+seed). Reported per candidate: wall time, final mean return, the policy lag, the
+learner's busy fraction and each side's share of time waiting for the other; for the
+time-to-solve workloads, the wall time to the preset's solve threshold.
+
+**The ceiling**: on C cores the async pipeline can at best spread the lock-step run's
+total CPU time (the trainer's and its workers', from the kernel's accounting of the
+finished process tree) over the C cores: ``ceiling = lock-step CPU seconds / C``, and
+the best speed-up ``lock-step wall / ceiling``. It is reported beside every figure.
+Curves of mean return against env steps of every run go to ``<workload>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# name: env id, env steps (the cap, for a time-to-solve race), time to solve?, seeds
+WORKLOADS = {
+    "halfcheetah": ("HalfCheetah-v5", 300_000, False, [1, 2, 3]),
+    "cartpole": ("CartPole-v1", 500_000, True, [1, 2, 3, 4, 5]),
+    "invpendulum": ("InvertedPendulum-v5", 1_000_000, True, [1, 2, 3]),
+    "halfcheetah_1m": ("HalfCheetah-v5", 1_000_000, False, [1, 2, 3]),
+}
+CANDIDATES = {"lockstep": ["pipeline=lockstep"], "async": ["pipeline=async"]}
+
+
+def _cpu_of_children() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run(env_id: str, steps: int, seed: int, sets: list[str], solve: bool) -> dict:
+    from fastvec.train.presets import solve_threshold
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = os.path.join(tmp, "run")
+        cmd = [sys.executable, "-m", "fastvec", "train", env_id, "--total-steps", str(steps), "--seed", str(seed)]
+        cmd += ["--no-progress", "--no-tensorboard", "--checkpoint-every", "0", "--logdir", run_dir]
+        if solve:
+            cmd += ["--stop-at-return", str(solve_threshold(env_id))]
+        for s in sets:
+            cmd += ["--set", s]
+        cpu0 = _cpu_of_children()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=7200, cwd=tmp)
+        cpu = _cpu_of_children() - cpu0
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        res["cpu_seconds"] = round(cpu, 2)
+        curve = []
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            for line in f:
+                row = json.loads(line)
+                if row.get("charts/mean_return") is not None:
+                    curve.append((row["env_steps"], row["charts/mean_return"]))
+        res["curve"] = curve
+        return res
+
+
+def _span(vals, fmt="{:.2f}"):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "n/a"
+    return f"{fmt.format(statistics.median(vals))} ({fmt.format(min(vals))}-{fmt.format(max(vals))})"
+
+
+def _plot(path: str, title: str, by: dict, seeds: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, seed in enumerate(seeds):
+        for cand, style in (("lockstep", "-"), ("async", "--")):
+            curve = by[cand][seed]["curve"]
+            if curve:
+                xs, ys = zip(*curve, strict=True)
+                ax.plot(xs, ys, style, color=colors[i % len(colors)], label=f"{cand} seed {seed}", lw=1.2)
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("mean return (last 20 episodes)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="+", default=["halfcheetah", "cartpole", "invpendulum"], choices=list(WORKLOADS))
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="instead of each workload's own")
+    p.add_argument("--set", action="append", default=[], help="extra --set for both candidates")
+    p.add_argument("--out", default=os.path.join(HERE, "results", "pipeline"))
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    cores = os.cpu_count() or 1
+    for w in args.only:
+        env_id, steps, solve, seeds = WORKLOADS[w]
+        seeds = args.seeds or seeds
+        t_start = time.time()
+        by: dict = {c: {} for c in CANDIDATES}
+        for r, seed in enumerate(seeds):
+            order = list(CANDIDATES) if r % 2 == 0 else list(CANDIDATES)[::-1]
+            for c in order:
+                res = run(env_id, steps, seed, args.set + CANDIDATES[c], solve)
+                by[c][seed] = res
+                ps = res.get("pipeline_stats") or {}
+                print(
+                    f"{w} seed {seed} {c}: {res['wall_seconds']:.1f} s, cpu {res['cpu_seconds']:.1f} s, "
+                    f"steps {res['env_steps']}, solved {res['solved']}, return {res['final_mean_return']}, "
+                    f"lag {ps.get('policy_lag_mean')}",
+                    flush=True,
+                )
+        json.dump(
+            {
+                "workload": w,
+                "env_id": env_id,
+                "steps": steps,
+                "runs": by,
+                "machine": platform.platform(),
+                "cores": cores,
+            },
+            open(os.path.join(args.out, f"{w}.json"), "w"),
+            indent=1,
+        )
+        _plot(os.path.join(args.out, f"{w}.png"), f"{env_id}: lock-step (solid) and async (dashed)", by, seeds)
+        _report(args, w, env_id, steps, solve, seeds, by, cores, time.time() - t_start)
+
+
+def _report(args, w, env_id, steps, solve, seeds, by, cores, took) -> None:
+    lock = by["lockstep"]
+    ceiling = {s: lock[s]["cpu_seconds"] / cores for s in seeds}
+    what = "time to solve (the preset's threshold)" if solve else f"{steps:,} env steps"
+    lines = [
+        f"# fastvec train: async pipeline against lock-step, {env_id}, {what} ({len(seeds)} seeds, {took:.0f} s)",
+        "",
+        f"`python benchmarks/bench_pipeline.py {' '.join(sys.argv[1:])}` on {platform.platform()}, {cores} cores, "
+        "CPU learner. Each run a fresh `fastvec train` process with the env's preset (same envs, workers and seed "
+        "for both; async: `--set pipeline=async`, its defaults `max_policy_lag=1`, `rollout_buffers=2`), the "
+        "order alternating by seed. Medians over seeds (min-max). Speed-up: lock-step's wall time / async's, per "
+        f"seed. Ceiling: lock-step's CPU seconds (the process tree's) / {cores} cores, the best any pipeline "
+        "could do with the same work.",
+        "",
+        "| candidate | wall s | CPU s | final return | solved | policy lag mean | learner busy | collector waits | learner waits | speed-up |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in CANDIDATES:
+        rs = [by[c][s] for s in seeds]
+        speed = [lock[s]["wall_seconds"] / by[c][s]["wall_seconds"] for s in seeds]
+        ps = [x.get("pipeline_stats") or {} for x in rs]
+        lines.append(
+            f"| {c} | {_span([x['wall_seconds'] for x in rs], '{:.1f}')} | {_span([x['cpu_seconds'] for x in rs], '{:.1f}')} "
+            f"| {_span([x['final_mean_return'] for x in rs], '{:.1f}')} | {sum(x['solved'] for x in rs)}/{len(rs)} "
+            f"| {_span([q.get('policy_lag_mean') for q in ps])} | {_span([q.get('learner_busy_fraction') for q in ps])} "
+            f"| {_span([q.get('collector_wait_share') for q in ps])} | {_span([q.get('learner_wait_share') for q in ps])} "
+            f"| {_span(speed)}x |"
+        )
+    best = [lock[s]["wall_seconds"] / ceiling[s] for s in seeds]
+    lines.append(f"| ceiling | {_span(list(ceiling.values()), '{:.1f}')} | | | | | | | | {_span(best)}x |")
+    lines += ["", "Per seed (wall s, final return):", ""]
+    for s in seeds:
+        cells = ", ".join(f"{c} {by[c][s]['wall_seconds']:.1f} s / {by[c][s]['final_mean_return']}" for c in CANDIDATES)
+        lines.append(f"- seed {s}: {cells}, ceiling {ceiling[s]:.1f} s")
+    lines += ["", f"Curves: `{w}.png` (mean return against env steps, every run)."]
+    open(os.path.join(args.out, f"{w}.md"), "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    main()
