@@ -67,13 +67,15 @@ def _assert_same_run(a: dict, b: dict, ra: dict, rb: dict) -> None:
 # ============================================================================ lag 0 = lock-step
 @pytest.mark.parametrize(
     "which",
-    ["cartpole", "pendulum_normalised", "cartpole_groups"],
+    ["cartpole", "pendulum_normalised", "cartpole_groups", "cartpole_two_learner_threads"],
 )
 def test_lag_0_is_the_lockstep_run_bit_for_bit(tmp_path, which):
     if which == "pendulum_normalised":
         make, env = _pendulum_cfg, "Pendulum-v1"
     else:
         extra = {"env_groups": 2, "num_workers": 2} if which == "cartpole_groups" else {}
+        if which == "cartpole_two_learner_threads":  # the forked learner becomes a fresh interpreter
+            extra = {"learn_threads": 2}
 
         def make(**c):
             return cartpole_cfg(total_steps=6000, stop_at_return=None, **extra, **c)
@@ -351,18 +353,22 @@ def _start(cmd, run):
         )
         assert p.poll() is None, p.communicate()
         kids = psutil.Process(p.pid).children(recursive=True)
-        learner = [k for k in kids if "fastvec.train.learner" in " ".join(k.cmdline())]
+        maps = {k.pid: _segments_of(k.pid) for k in kids}
+        # the learner (a fork, like the workers) is the child that maps both segments
+        learner = [k for k in kids if len(maps[k.pid]) == 2]
         workers = [k for k in kids if k not in learner]
-        segs = set()
-        for pid in (p.pid, learner[0].pid):
-            with open(f"/proc/{pid}/maps") as f:
-                segs |= {line.split("/dev/shm/")[1].split()[0] for line in f if "/dev/shm/fastvec_" in line}
-        assert learner and workers and len(segs) == 2, (learner, workers, segs)
+        segs = _segments_of(p.pid)
+        assert len(learner) == 1 and workers and len(segs) == 2, (learner, workers, segs)
         return p, learner[0], workers, segs
     except BaseException:
         p.kill()
         p.communicate()
         raise
+
+
+def _segments_of(pid: int) -> set[str]:
+    with open(f"/proc/{pid}/maps") as f:
+        return {line.split("/dev/shm/")[1].split()[0] for line in f if "/dev/shm/fastvec_" in line}
 
 
 def _resume(tmp_path, run, steps):

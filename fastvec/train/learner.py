@@ -37,10 +37,13 @@ from .pipeline import (
 from .rollout import Rollout
 
 
-def main(fd: int) -> None:
+def main(fd: int, forked: bool = False) -> None:
     """Learn on each rollout handed over and publish the weights, until told to stop or
-    the collector is gone."""
+    the collector is gone. ``forked``: a fork of the collector (``LearnerProcess``), which
+    keeps to one torch thread and may be told to become a fresh interpreter instead."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if forked:
+        torch.set_num_threads(1)  # the parent's thread pool did not survive the fork
     conn = Connection(fd)
     learner = None
     try:
@@ -48,6 +51,9 @@ def main(fd: int) -> None:
             msg = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):  # the collector went before it needed a learner
             return
+        if msg[0] == "exec":  # CUDA or more threads: a fresh interpreter on the same socket
+            os.set_inheritable(fd, True)
+            os.execve(sys.executable, [sys.executable, "-m", "fastvec.train.learner", str(fd)], msg[1])
         if msg[0] == "stop":  # started early, not needed after all
             return
         spec = msg[1]
@@ -65,15 +71,26 @@ def main(fd: int) -> None:
             conn.send_bytes(_dumps(("done", r, learner.learn(k, r, snapshot, rng))))
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        print(f"fastvec learner: {traceback.format_exc()}", file=sys.stderr)
         try:
             conn.send_bytes(_dumps(("error", f"the learner failed: {text}")))
         except OSError:
             pass
+        _say(f"fastvec learner: {traceback.format_exc()}")
         sys.exit(1)
     finally:
         if learner is not None:
             learner.release()
+
+
+def _say(text: str) -> None:
+    """To stderr, where there is one (a forked learner closed what it inherited besides fd 2)."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        try:
+            os.write(2, (text + "\n").encode())
+        except OSError:
+            pass
 
 
 def _next_message(conn, parent: int, learner):
@@ -206,10 +223,9 @@ class _Learner:
         st = _merge_state(ppo.train_state(), self.snapshot)
         ppo.env_steps = st["env_steps"]
         path = save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), ppo, env_id, env_kwargs, train_state=st)
-        print(
+        _say(
             f"fastvec learner: the collector process is gone; the last safe point "
-            f"({st['env_steps']} env steps) is in {path}: resume with --resume {run_dir}",
-            file=sys.stderr,
+            f"({st['env_steps']} env steps) is in {path}: resume with --resume {run_dir}"
         )
 
     def release(self) -> None:

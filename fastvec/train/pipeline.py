@@ -52,7 +52,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from multiprocessing.connection import Connection
 from types import SimpleNamespace
 
@@ -311,8 +313,10 @@ class Pipeline:
         }
         # the starting weights, published before the learner exists (it never writes them)
         publish(self.arrays, _weights_views(self.arrays, len(self.published)), self.published, ppo)
-        self.learner = launched if launched is not None else LearnerProcess()
+        self.learner = launched if launched is not None else LearnerProcess(fork=False)
         self.proc, self.conn = self.learner.proc, self.learner.conn
+        if self.learner.forked and (self.device.type != "cpu" or ppo.learn_threads != 1):
+            self._send(("exec", learner_env()))  # a fork may use neither CUDA nor more torch threads
         self._send(("spec", spec))
         # no waiting for it: the first rollouts are collected while its interpreter starts
         self.ready = False
@@ -539,23 +543,32 @@ class Pipeline:
 
 
 class LearnerProcess:
-    """``python -m fastvec.train.learner`` on one end of a socket pair, waiting for its
-    spec. A fresh interpreter (not a fork of this one, with its torch threads; not
-    multiprocessing's spawn, which runs the caller's script again) that can import what
-    this one can. Importing torch there takes a second or two: ``fastvec train`` starts
-    it before the envs, so that the two start together."""
+    """The learner process, started ahead of its spec on one end of a socket pair.
 
-    def __init__(self):
+    ``fork=True`` (where this process runs one thread) forks it: ready in milliseconds,
+    with torch already imported. A forked child may only use one torch thread (the
+    parent's OpenMP pool does not survive a fork: more threads hang) and no CUDA, so the
+    collector tells it (``exec``) to replace itself with a fresh interpreter, ``python -m
+    fastvec.train.learner``, where the learner needs either: that takes a second or two
+    (importing torch). ``fork=False`` starts the fresh interpreter at once. Not
+    multiprocessing's spawn: that runs the caller's script again."""
+
+    def __init__(self, fork: bool = True):
         ours, theirs = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([p for p in sys.path if p])}
+        self.forked = fork and threading.active_count() == 1
         old = _ignore_sigint()  # SIGINT ignored from the start (kept across exec): Ctrl-C is the collector's
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fastvec.train.learner", str(theirs.fileno())],
-                pass_fds=[theirs.fileno()],
-                env=env,
-                close_fds=True,
-            )
+            if self.forked:
+                for stream in (sys.stdout, sys.stderr):  # nothing buffered for the child to write twice
+                    try:
+                        stream.flush()
+                    except (AttributeError, OSError, ValueError):
+                        pass
+                self.proc: _Forked | subprocess.Popen = _Forked(theirs.fileno())
+            else:
+                self.proc = subprocess.Popen(
+                    learner_command(theirs.fileno()), pass_fds=[theirs.fileno()], env=learner_env(), close_fds=True
+                )
         except BaseException:
             ours.close()
             raise
@@ -578,6 +591,68 @@ class LearnerProcess:
                 self.proc.wait(5.0)
         if not self.conn.closed:
             self.conn.close()
+
+
+def learner_command(fd: int) -> list[str]:
+    return [sys.executable, "-m", "fastvec.train.learner", str(fd)]
+
+
+def learner_env() -> dict:
+    """The learner interpreter imports what this one can."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([p for p in sys.path if p])}
+
+
+class _Forked:
+    """A forked learner, with ``subprocess.Popen``'s ``poll``, ``wait``, ``kill`` and
+    ``pid``. The child closes every inherited descriptor but its socket and std streams
+    (a copy of a worker's socket would keep that worker from noticing its parent die),
+    and never returns into the caller's code: it ends with ``os._exit``."""
+
+    def __init__(self, fd: int):
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:  # the child
+            code = 1
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.closerange(3, fd)
+                os.closerange(fd + 1, _max_fd())
+                from .learner import main
+
+                main(fd, forked=True)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired("fastvec learner", timeout or 0.0)
+            time.sleep(0.005)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _max_fd() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (ValueError, OSError):  # pragma: no cover
+        return 4096
 
 
 def _dumps(msg) -> bytes:
