@@ -156,7 +156,14 @@ def _acted_rollout(cfg, versions_of, weights):
 def test_prepare_uses_the_weights_that_acted(no_leaks):
     """Values, old log-probs and truncation bootstraps under each step's acting weights,
     against a step-by-step recomputation with those weights."""
-    cfg = _pendulum_cfg(n_steps=48, num_envs=3, normalize_obs=False, normalize_reward=False, proximal_policy="acting")
+    cfg = _pendulum_cfg(
+        n_steps=48,
+        num_envs=3,
+        normalize_obs=False,
+        normalize_reward=False,
+        proximal_policy="acting",
+        values_of="acting",
+    )
     versions = np.array([0] * 16 + [1] * 20 + [2] * 12)
     ppo0 = PPO(cfg, _dummy_storage(cfg), torch.device("cpu"))
     weights = {v: torch.empty_like(ppo0.flat_param.detach()) for v in range(3)}
@@ -196,6 +203,15 @@ def test_prepare_uses_the_weights_that_acted(no_leaks):
             w = (now - mu).exp().clamp(max=cfg.vtrace_rho_bar).reshape(-1)
             np.testing.assert_allclose(ppo.adv_weights.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
             assert (ppo.adv_weights < 1).any()
+            # values_of=learner: values and bootstraps of the current weights, log-probs still the acting ones'
+            ppo.cfg.proximal_policy, ppo.cfg.values_of = "acting", "learner"
+            ppo.prepare((versions, weights))
+            np.testing.assert_allclose(ro.logp.numpy(), mu.numpy(), rtol=1e-6, atol=1e-6)
+            params, val = pol.params_and_value(ro.obs.reshape(-1, 3))
+            np.testing.assert_allclose(ro.values_np, val.view(T + 1, -1).numpy(), rtol=1e-5, atol=1e-6)
+            for t, n in zip(*np.nonzero(trunc & ~term), strict=True):
+                fv = pol.value(torch.from_numpy(sto.final_obs[t + 1][n : n + 1])).item()
+                assert ro.next_values_np[t, n] == pytest.approx(fv, rel=1e-5, abs=1e-6)
     finally:
         sto.close()
 
@@ -249,6 +265,16 @@ def test_vtrace_targets_learn_cartpole(tmp_path):
     assert res["solved"], res
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_async_learner_on_cuda_learns(tmp_path):
+    """The learner on the GPU (a fresh interpreter: a fork may not use CUDA), the collector
+    acting on the CPU: CartPole is learned and the GPU's busy fraction is reported."""
+    cfg = cartpole_cfg(total_steps=100_000, stop_at_return=195.0, pipeline="async", device="cuda")
+    res, _ = _run(tmp_path, "run", cfg)
+    assert res["solved"] and res["device"] == "cuda"
+    assert 0.0 < res["pipeline_stats"]["learner_busy_fraction"] <= 1.0
+
+
 def test_resumed_async_run_continues(tmp_path):
     cfg = cartpole_cfg(total_steps=3000, stop_at_return=None, pipeline="async")
     res, ck = _run(tmp_path, "run", cfg)
@@ -282,6 +308,7 @@ def test_ring_section_maps_its_slots(no_leaks):
         ({"pipeline": "overlap"}, "pipeline must be one of lockstep, async"),
         ({"targets": "vtrace"}, "targets=vtrace needs pipeline=async"),
         ({"pipeline": "async", "vtrace_rho_bar": 0.0}, "vtrace_rho_bar must be a positive number"),
+        ({"pipeline": "async", "proximal_policy": "newest"}, "proximal_policy must be one of acting, learner"),
     ],
 )
 def test_bad_pipeline_settings(changes, match):

@@ -209,6 +209,10 @@ class PPOConfig:
     targets: str = "gae"
     """async: the advantages and value targets, gae (on the values of the policy that acted)
     or vtrace (importance-clipped to the learner's policy; ``fastvec.vtrace``)."""
+    values_of: str = "learner"
+    """async: the values GAE (or V-trace) starts from where the weights that acted are older
+    than the learner's: learner (the learner's current weights: a critic trained on more
+    data; IMPALA's choice) or acting (theirs, as if recorded while acting)."""
     proximal_policy: str = "learner"
     """async: what PPO's clip is centred on where the weights that acted are older than the
     learner's: learner (decoupled PPO, Hilton et al. 2021: the ratio to the learner's weights
@@ -376,6 +380,8 @@ class PPOConfig:
             raise ConfigError(f"targets must be one of {', '.join(TARGETS)}, got {self.targets!r}")
         if self.targets != "gae" and self.pipeline != "async":
             raise ConfigError(f"targets={self.targets} needs pipeline=async (lock-step learns on-policy: gae)")
+        if self.values_of not in ("acting", "learner"):
+            raise ConfigError(f"values_of must be acting or learner, got {self.values_of!r}")
         if self.proximal_policy not in PROXIMAL:
             raise ConfigError(f"proximal_policy must be one of {', '.join(PROXIMAL)}, got {self.proximal_policy!r}")
         for name in ("vtrace_rho_bar", "vtrace_c_bar"):

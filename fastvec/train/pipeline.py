@@ -57,6 +57,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
@@ -265,9 +266,9 @@ class Pipeline:
         state = ppo.train_state()
         blob = len(pickle.dumps(_strip_moments(state))) * 2 + 65536
         self.plan = _plan(cfg, storage.num_envs, pol, ppo.flat_param, blob)
-        self.segment = create_segment(self.plan.size)
+        self.segment: Any = create_segment(self.plan.size)
         self.arrays = self.plan.arrays(self.segment.buf)
-        self.header = self.arrays["header"]
+        self.header: Any = self.arrays["header"]
         self.published = _published(pol, ppo.flat_param)
         self.views = [torch.from_numpy(w) for w in _weights_views(self.arrays, len(self.published))]
         self.rollouts = []
@@ -285,9 +286,9 @@ class Pipeline:
         self.lag_counts = np.zeros(cfg.max_policy_lag + self.K + 1, np.int64)
         self.t_wait = 0.0  # the collector's time waiting for the learner
         self.learner_stats: dict = {}
-        self.proc: subprocess.Popen | None = None
-        self.conn: Connection | None = None
-        self._versions: np.ndarray | None = None
+        self.proc: Any = None  # the learner's process and socket (None once closed)
+        self.conn: Any = None
+        self._versions: Any = None
         try:
             self._start_learner(state, checkpoint_info, launched)
         except BaseException:
@@ -496,7 +497,6 @@ class Pipeline:
 
     # ------------------------------------------------------------------ plumbing
     def _send(self, msg) -> None:
-        assert self.conn is not None
         try:
             self.conn.send_bytes(_dumps(msg))
         except (BrokenPipeError, ConnectionResetError, EOFError, OSError):

@@ -427,6 +427,11 @@ class PPO:
                 in_rows[rows[rows < T]] = True
                 boots.append(self._behaviour_pass(rows, boot & in_rows))
             self.flat_param.copy_(now)
+            if cfg.values_of == "learner" and not pol.values_at_act:
+                # the values (and bootstraps) of the learner's current weights; the log-probs stay the acting ones'
+                acting_logp = ro.logp.clone()
+                boots = [self._behaviour_pass(np.arange(T + 1), boot)]
+                ro.logp.copy_(acting_logp)
         ro.values_to_host()
         np.copyto(ro.next_values_np, ro.values_np[1:])
         for found in boots:
