@@ -12,11 +12,10 @@ time-to-solve workloads, the wall time to the preset's solve threshold.
 
 **The ceiling**: on C cores the async pipeline can at best spread the lock-step run's
 total CPU time (the trainer's and its workers', from the kernel's accounting of the
-finished process tree) over the C cores, so it can at best remove the time a core sat
-idle: ``C x process wall - CPU`` core-seconds, ``process wall - CPU / C`` of wall time.
-The ceiling is lock-step's ``wall_seconds`` less that (the process wall includes the
-interpreter's start-up, which ``wall_seconds`` does not). It is reported beside every
-figure.
+finished process tree) over the C cores. ``wall_seconds`` counts from before the envs
+start; before that the process imports on one core (``process wall - wall_seconds``
+seconds, counted as one busy core), so the run's own CPU time is ``CPU - (process wall -
+wall_seconds)`` and the ceiling that over C. It is reported beside every figure.
 Curves of mean return against env steps of every run go to ``<workload>.png``.
 """
 
@@ -79,6 +78,11 @@ def run(env_id: str, steps: int, seed: int, sets: list[str], solve: bool) -> dic
         return res
 
 
+def _run_cpu(res: dict) -> float:
+    """CPU seconds of the run proper: the process tree's, less its start-up on one core."""
+    return res["cpu_seconds"] - (res["process_wall_seconds"] - res["wall_seconds"])
+
+
 def _span(vals, fmt="{:.2f}"):
     vals = [v for v in vals if v is not None]
     if not vals:
@@ -115,9 +119,20 @@ def main():
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="instead of each workload's own")
     p.add_argument("--set", action="append", default=[], help="extra --set for both candidates")
     p.add_argument("--out", default=os.path.join(HERE, "results", "pipeline"))
+    p.add_argument("--from-json", nargs="+", default=[], help="rewrite the reports of these saved runs, run nothing")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     cores = os.cpu_count() or 1
+    for path in args.from_json:
+        d = json.load(open(path))
+        w = d["workload"]
+        by = {c: {int(k): v for k, v in runs.items()} for c, runs in d["runs"].items()}
+        seeds = sorted(by["lockstep"])
+        _plot(os.path.join(args.out, f"{w}.png"), f"{d['env_id']}: lock-step (solid) and async (dashed)", by, seeds)
+        args.command = d["command"]
+        _report(args, w, d["env_id"], d["steps"], WORKLOADS[w][2], seeds, by, d["cores"], d["took"])
+    if args.from_json:
+        return
     for w in args.only:
         env_id, steps, solve, seeds = WORKLOADS[w]
         seeds = args.seeds or seeds
@@ -143,6 +158,8 @@ def main():
                 "runs": by,
                 "machine": platform.platform(),
                 "cores": cores,
+                "took": time.time() - t_start,
+                "command": " ".join(sys.argv[1:]),
             },
             open(os.path.join(args.out, f"{w}.json"), "w"),
             indent=1,
@@ -153,19 +170,18 @@ def main():
 
 def _report(args, w, env_id, steps, solve, seeds, by, cores, took) -> None:
     lock = by["lockstep"]
-    ceiling = {
-        s: lock[s]["wall_seconds"] - (lock[s]["process_wall_seconds"] - lock[s]["cpu_seconds"] / cores) for s in seeds
-    }
+    ceiling = {s: _run_cpu(lock[s]) / cores for s in seeds}
     what = "time to solve (the preset's threshold)" if solve else f"{steps:,} env steps"
     lines = [
         f"# fastvec train: async pipeline against lock-step, {env_id}, {what} ({len(seeds)} seeds, {took:.0f} s)",
         "",
-        f"`python benchmarks/bench_pipeline.py {' '.join(sys.argv[1:])}` on {platform.platform()}, {cores} cores, "
+        f"`python benchmarks/bench_pipeline.py {getattr(args, 'command', ' '.join(sys.argv[1:]))}` on "
+        f"{platform.platform()}, {cores} cores, "
         "CPU learner. Each run a fresh `fastvec train` process with the env's preset (same envs, workers and seed "
         "for both; async: `--set pipeline=async`, its defaults `max_policy_lag=1`, `rollout_buffers=2`), the "
         "order alternating by seed. Medians over seeds (min-max). Speed-up: lock-step's wall time / async's, per "
-        f"seed. Ceiling: lock-step's wall time less the time a core sat idle (process wall - CPU seconds of the "
-        f"process tree / {cores} cores): the best any pipeline could do with the same work.",
+        f"seed. Ceiling: lock-step's CPU seconds during the run (the process tree's, less the start-up on one "
+        f"core) / {cores} cores: the best any pipeline could do with the same work.",
         "",
         "| candidate | wall s | CPU s | final return | solved | policy lag mean | learner busy | collector waits | learner waits | speed-up |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

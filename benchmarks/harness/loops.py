@@ -186,7 +186,7 @@ def run_child(spec: dict, timeout: float, fastvec_root: str | None = None) -> di
     (default: this process's); its JSON result, or ``{"error": ...}``."""
     cmd = [sys.executable, "-m", "harness.loop_children", json.dumps(spec)]
     t0 = _cpu_ticks()
-    cpu0 = _cpu_of_children()
+    cpu0, wall0 = _cpu_of_children(), time.perf_counter()
     try:
         env = dict(os.environ, PYTHONPATH=child_path(fastvec_root))
         with tempfile.TemporaryDirectory(prefix="fastvec-loop-") as cwd:
@@ -210,6 +210,7 @@ def run_child(spec: dict, timeout: float, fastvec_root: str | None = None) -> di
         return {"error": f"exit code {proc.returncode}"}
     res = json.loads(lines[-1])
     res["cpu_s"] = _cpu_of_children() - cpu0  # the child's and its waited-for descendants' CPU time
+    res["process_wall_s"] = time.perf_counter() - wall0
     t1 = _cpu_ticks()
     if t0 and t1 and t1[1] > t0[1]:
         res["steal"] = (t1[0] - t0[0]) / (t1[1] - t0[1])

@@ -261,12 +261,27 @@ class Pipeline:
     ):
         self.cfg, self.storage, self.ppo = cfg, storage, ppo
         self.K, self.T, self.device = cfg.rollout_buffers, cfg.n_steps, device
+        self.proc: Any = None  # the learner's process and socket (None once closed)
+        self.conn: Any = None
+        self.segment: Any = None
+        try:
+            self._lay_out()
+            self._start_learner(checkpoint_info, launched)
+        except BaseException:
+            if launched is not None and self.proc is None:
+                launched.close()
+            self.close()
+            raise
+
+    def _lay_out(self) -> None:
+        """The pipeline's segment and the K rollouts over the ring's sections."""
+        cfg, storage, ppo = self.cfg, self.storage, self.ppo
         self.sections = [RingSection(storage, k, self.T) for k in range(self.K)]
         pol = ppo.policy
-        state = ppo.train_state()
-        blob = len(pickle.dumps(_strip_moments(state))) * 2 + 65536
+        self.state = ppo.train_state()
+        blob = len(pickle.dumps(_strip_moments(self.state))) * 2 + 65536
         self.plan = _plan(cfg, storage.num_envs, pol, ppo.flat_param, blob)
-        self.segment: Any = create_segment(self.plan.size)
+        self.segment = create_segment(self.plan.size)
         self.arrays = self.plan.arrays(self.segment.buf)
         self.header: Any = self.arrays["header"]
         self.published = _published(pol, ppo.flat_param)
@@ -286,18 +301,9 @@ class Pipeline:
         self.lag_counts = np.zeros(cfg.max_policy_lag + self.K + 1, np.int64)
         self.t_wait = 0.0  # the collector's time waiting for the learner
         self.learner_stats: dict = {}
-        self.proc: Any = None  # the learner's process and socket (None once closed)
-        self.conn: Any = None
         self._versions: Any = None
-        try:
-            self._start_learner(state, checkpoint_info, launched)
-        except BaseException:
-            if launched is not None and self.proc is None:
-                launched.close()
-            self.close()
-            raise
 
-    def _start_learner(self, state: dict, checkpoint_info: tuple, launched: LearnerProcess | None) -> None:
+    def _start_learner(self, checkpoint_info: tuple, launched: LearnerProcess | None) -> None:
         ppo, eng = self.ppo, self.storage.engine
         spec = {
             "cfg": self.cfg.to_dict(),
@@ -306,7 +312,7 @@ class Pipeline:
             "engine": (eng.shm_name, eng.segment_entries),
             "pipeline": (self.segment.name, self.plan.entries),
             "policy": {k: v.detach().cpu() for k, v in ppo.policy.state_dict().items()},
-            "state": state,
+            "state": self.state,
             "device": str(self.device),
             "separate_buffers": self.learner_separate_buffers,
             "checkpoint": checkpoint_info,
