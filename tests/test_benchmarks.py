@@ -292,8 +292,11 @@ def test_ceilings_are_computed_from_the_measurements():
     runs = {f"loop:{k}": [{"sps": v} for v in vs] for k, vs in loop.items()}
     runs |= {f"sync:{k}": [{"sps": v} for v in vs] for k, vs in sync.items()}
     times = {"act": 1.0, "env": 8.0, "prepare": 0.2, "learn": 7.0}
-    runs["train:sync"] = [{"wall_s": 17.0, "times": times}, {"wall_s": 18.0, "times": times}]
-    runs["train:engine"] = [{"wall_s": 14.0, "times": {**times, "act": 1.4}, "env_groups": 1}] * 2
+    cpu = {"cpu_s": 20.0, "process_wall_s": 19.0}
+    runs["train:sync"] = [{"wall_s": 17.0, "times": times, **cpu}, {"wall_s": 18.0, "times": times, **cpu}]
+    # 22 CPU seconds, 2 of them the child's start-up on one core (16 s of process wall, 14 s of run)
+    engine_run = {"wall_s": 14.0, "cpu_s": 22.0, "process_wall_s": 16.0, "times": {**times, "act": 1.4}}
+    runs["train:engine"] = [{**engine_run, "env_groups": 1}] * 2
     b = ceil.bounds(runs, 2, 102_400)
     pong = b[ceil.VEC_GOALS[0][0]]
     assert pong["goal"] == 2.1 and pong["per_round"] == pytest.approx([2 * 800 / 760, 2 * 820 / 780])
@@ -307,12 +310,15 @@ def test_ceilings_are_computed_from_the_measurements():
     )
     groups = b["fastvec train HalfCheetah-v5 (102.4k steps), batch groups over lock-step"]
     assert groups["goal"] == 1.15 and groups["per_round"] == pytest.approx([14.0 / 12.6] * 2)
+    asy = b["fastvec train HalfCheetah-v5 (102.4k steps), async pipeline over lock-step"]
+    assert asy["goal"] == 1.2 and asy["per_round"] == pytest.approx([14.0 / (20.0 / 2)] * 2)
     md = ceil.render(runs, b, 2, 2, 1.0, ["--rounds", "2"])
     assert (
         "| Pong, 16 envs in batches of 8 (ready mode), over SyncVectorEnv x8 | 2.10x | 2.10x (2.10-2.11) | 100% |" in md
     )
     assert f"| 1.15x | 1.11x (1.11-1.11) | {100 * 1.15 / (14.0 / 12.6):.0f}% (above every round's) |" in md
     assert "| train:sync wall_s (s) | 17.50 (17.00-18.00) |" in md
+    assert "| train:engine cpu_s (s) | 22.00 (22.00-22.00) |" in md
     # a groups run is not a lock-step one: refused, not mixed in
     runs["train:engine"] = [{**runs["train:engine"][0], "env_groups": 2}] * 2
     with pytest.raises(RuntimeError, match="lock-step"):

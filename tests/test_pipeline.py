@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from test_resume import _assert_nothing_left, _child_env, _wait_for, cartpole_cfg
+from test_resume import _assert_nothing_left, _child_env, _train_cmd, _wait_for, cartpole_cfg
 
 from fastvec.engine import Engine
 from fastvec.train import PPO, EngineStorage, PPOConfig, apply_overrides, load_checkpoint
@@ -345,15 +345,9 @@ def test_cli_bad_pipeline_input_is_one_line_exit_2(capsys, flags, match):
 
 # ============================================================================ failure
 def _cmd(run, *extra):
-    return [
-        sys.executable,
-        "-m",
-        "fastvec",
-        "train",
-        "CartPole-v1",
-        "--logdir",
-        str(run),
-        "--no-progress",
+    """An async CartPole run that only stops when told to, with periodic checkpoints."""
+    return _train_cmd(
+        run,
         "--total-steps",
         "1e6",
         "--checkpoint-every",
@@ -361,11 +355,9 @@ def _cmd(run, *extra):
         "--set",
         "stop_at_return=1e9",
         "--set",
-        "log_every_s=0.05",
-        "--set",
         "pipeline=async",
         *extra,
-    ]
+    )
 
 
 def _start(cmd, run):

@@ -111,7 +111,6 @@ class _Learner:
     the weights versions it published, its safe point."""
 
     def __init__(self, spec: dict):
-        from .policies import make_policy
         from .ppo import PPO, resolve_device
 
         cfg = PPOConfig.from_dict(spec["cfg"])
@@ -142,18 +141,8 @@ class _Learner:
         T = cfg.n_steps
         self.sections = [RingSection(full, k, T) for k in range(cfg.rollout_buffers)]
         device = resolve_device(spec["device"])
-        policy = make_policy(
-            obs_space,
-            act_space,
-            hidden=cfg.hidden,
-            activation=cfg.activation,
-            ortho_init=cfg.ortho_init,
-            log_std_init=cfg.log_std_init,
-            normalize_obs=cfg.normalize_obs,
-        )
-        policy.load_state_dict(spec["policy"])
-        policy.train()
-        self.ppo = ppo = PPO(cfg, self.sections[0], device, policy, separate_buffers=spec["separate_buffers"])
+        self.ppo = ppo = PPO(cfg, self.sections[0], device, separate_buffers=spec["separate_buffers"])
+        ppo.policy.load_state_dict(spec["policy"])  # the collector's weights, copied into the flat views
         self.pin = None
         if device.type == "cuda":  # page-locked once: the rollouts' copies to the GPU are asynchronous
             from .host_memory import HostPin
