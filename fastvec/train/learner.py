@@ -1,4 +1,5 @@
-"""The async pipeline's learner process: ``python -m fastvec.train.learner FD``.
+"""The async pipeline's learner process: ``main(fd)``, in a fork of the collector or a
+fresh interpreter (``fastvec.train.pipeline.learner_command``).
 
 It maps the engine's ring and the pipeline's segment (``fastvec.train.pipeline``), builds
 a ``PPO`` that never acts, and for each rollout handed over on the socket ``FD``
@@ -32,6 +33,7 @@ from .pipeline import (
     _published,
     _shared_rollout,
     _weights_views,
+    learner_command,
     publish,
 )
 from .rollout import Rollout
@@ -53,7 +55,7 @@ def main(fd: int, forked: bool = False) -> None:
             return
         if msg[0] == "exec":  # CUDA or more threads: a fresh interpreter on the same socket
             os.set_inheritable(fd, True)
-            os.execve(sys.executable, [sys.executable, "-m", "fastvec.train.learner", str(fd)], msg[1])
+            os.execve(sys.executable, learner_command(fd), msg[1])
         if msg[0] == "stop":  # started early, not needed after all
             return
         spec = msg[1]
@@ -62,13 +64,18 @@ def main(fd: int, forked: bool = False) -> None:
         conn.send_bytes(_dumps(("ready",)))
         while True:
             msg = _next_message(conn, parent, learner)
-            if msg is None:  # the collector is gone
-                learner.checkpoint_on_orphan()
-                os._exit(3)
-            if msg[0] == "stop":
+            if msg is not None and msg[0] == "stop":
                 break
-            _, k, r, snapshot, rng = msg
-            conn.send_bytes(_dumps(("done", r, learner.learn(k, r, snapshot, rng))))
+            if msg is not None:
+                _, k, r, snapshot, rng = msg
+                done = learner.learn(k, r, snapshot, rng)
+                try:
+                    conn.send_bytes(_dumps(("done", r, done)))
+                    continue
+                except OSError:  # the collector went while this update ran
+                    pass
+            learner.checkpoint_on_orphan()  # the collector is gone: keep the last safe point
+            os._exit(3)
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         try:

@@ -46,6 +46,7 @@ handed over, and stops it.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import pickle
 import signal
@@ -315,7 +316,7 @@ class Pipeline:
             "state": self.state,
             "device": str(self.device),
             "separate_buffers": self.learner_separate_buffers,
-            "checkpoint": checkpoint_info,
+            "checkpoint": (os.path.abspath(checkpoint_info[0]) if checkpoint_info[0] else None, *checkpoint_info[1:]),
             "parent": os.getpid(),
         }
         # the starting weights, published before the learner exists (it never writes them)
@@ -554,8 +555,8 @@ class LearnerProcess:
     ``fork=True`` (where this process runs one thread) forks it: ready in milliseconds,
     with torch already imported. A forked child may only use one torch thread (the
     parent's OpenMP pool does not survive a fork: more threads hang) and no CUDA, so the
-    collector tells it (``exec``) to replace itself with a fresh interpreter, ``python -m
-    fastvec.train.learner``, where the learner needs either: that takes a second or two
+    collector tells it (``exec``) to replace itself with a fresh interpreter
+    (``learner_command``) where the learner needs either: that takes a second or two
     (importing torch). ``fork=False`` starts the fresh interpreter at once. Not
     multiprocessing's spawn: that runs the caller's script again."""
 
@@ -600,12 +601,23 @@ class LearnerProcess:
 
 
 def learner_command(fd: int) -> list[str]:
-    return [sys.executable, "-m", "fastvec.train.learner", str(fd)]
+    """``python -I -c ...``: isolated (no current directory, no ``PYTHONPATH``), with this
+    interpreter's ``sys.path`` (``learner_env``), so that it imports the same fastvec as
+    this one: a source checkout in the current directory must not shadow an installed
+    build (``-m`` would put the directory first)."""
+    code = (
+        "import json, os, sys; sys.path[:] = json.loads(os.environ['FASTVEC_LEARNER_PATH']); "
+        f"from fastvec.train.learner import main; main({int(fd)})"
+    )
+    return [sys.executable, "-I", "-c", code]
 
 
 def learner_env() -> dict:
-    """The learner interpreter imports what this one can."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([p for p in sys.path if p])}
+    """The learner interpreter's environment: this one's, and its import path."""
+    return {
+        **os.environ,
+        "FASTVEC_LEARNER_PATH": json.dumps([os.path.abspath(p) if p else os.getcwd() for p in sys.path]),
+    }
 
 
 class _Forked:
