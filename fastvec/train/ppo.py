@@ -413,6 +413,7 @@ class PPO:
             pol.update_obs_norm(ro.obs_dev[1:])
         term, trunc = b.terminated[1:], b.truncated[1:]
         boot = trunc & ~term
+        current_logp = None  # the current weights' log-probs, where a pass computed them
         if acted_by is None:
             boots = [self._behaviour_pass(np.arange(T + 1), boot)]
         else:
@@ -431,6 +432,7 @@ class PPO:
                 # the values (and bootstraps) of the learner's current weights; the log-probs stay the acting ones'
                 acting_logp = ro.logp.clone()
                 boots = [self._behaviour_pass(np.arange(T + 1), boot)]
+                current_logp = ro.logp.clone()  # the same pass's: log_rhos need no pass of their own
                 ro.logp.copy_(acting_logp)
         ro.values_to_host()
         np.copyto(ro.next_values_np, ro.values_np[1:])
@@ -442,7 +444,7 @@ class PPO:
         if self.reward_scaler is not None:
             rewards = self.reward_scaler(rewards, term | trunc)
         self.adv_weights = None
-        log_rhos = None if acted_by is None else self._log_rhos()
+        log_rhos = None if acted_by is None else self._log_rhos(current_logp)
         if cfg.targets == "vtrace":
             vtrace(
                 rewards,
@@ -508,13 +510,15 @@ class PPO:
         final = torch.from_numpy(self.storage.final_obs[1:][ts, ns]).to(self.device)
         return ts, ns, pol.value(final).float().cpu().numpy()
 
-    def _log_rhos(self) -> np.ndarray:
+    def _log_rhos(self, current: torch.Tensor | None = None) -> np.ndarray:
         """log pi(a|s) - log mu(a|s) over the rollout: the current weights against the
-        log-probs of the weights that acted (``rollout.logp``)."""
+        log-probs of the weights that acted (``rollout.logp``); ``current``: the current
+        weights' log-probs where a pass already computed them."""
         ro, T, N, pol = self.rollout, self.T, self.N, self.policy
-        params, _ = pol.params_and_value(ro.batch_obs())
-        lp = pol.dist.log_prob(params, ro.batch_actions()).view(T, N)
-        return (lp - ro.logp).cpu().numpy()
+        if current is None:
+            params, _ = pol.params_and_value(ro.batch_obs())
+            current = pol.dist.log_prob(params, ro.batch_actions()).view(T, N)
+        return (current - ro.logp).cpu().numpy()
 
     # ------------------------------------------------------------------ learning
     def update(self) -> None:
