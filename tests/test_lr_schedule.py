@@ -242,6 +242,43 @@ def test_default_schedule_is_the_old_linear_decay_bit_for_bit():
     assert torch.equal(ppo.flat_param.detach(), ref)
 
 
+# =============================================================================== the horizon
+def test_lr_horizon_makes_a_short_run_the_long_runs_beginning():
+    """With ``lr_horizon`` the linear rate no longer depends on the budget: a run told 3
+    updates learns, update for update, the first 3 of a run told 6; without it the two
+    differ from the first update (the rate decays over each one's own total_steps)."""
+    batch = 8 * 32  # the CartPole preset's rollout
+    horizon = {"lr": 2e-3, "lr_schedule": "linear", "lr_horizon": 6 * batch}
+    short, short_rates = run(cartpole(**horizon, total_steps=3 * batch), 3)
+    long, long_rates = run(cartpole(**horizon, total_steps=6 * batch), 3)
+    assert short_rates == long_rates == [2e-3 * (1 - u / 6) for u in range(3)]
+    assert torch.equal(short.flat_param.detach(), long.flat_param.detach())
+    budget = {"lr": 2e-3, "lr_schedule": "linear"}
+    short, short_rates = run(cartpole(**budget, total_steps=3 * batch), 3)
+    assert short_rates == [2e-3 * (1 - u / 3) for u in range(3)]
+    assert not torch.equal(short.flat_param.detach(), long.flat_param.detach())
+    # a horizon past the budget: the rate never reaches 0 in this run
+    assert run(cartpole(**horizon, total_steps=2 * batch), 2)[1] == long_rates[:2]
+
+
+def test_lr_horizon_short_of_the_budget_is_said_and_not_safe_on_resume(tmp_path, capsys):
+    argv = ["CartPole-v1", "--set", "lr_schedule=linear", "--set", "lr_horizon=4096", "--total-steps", "8192"]
+    assert cli_main("train", [*argv, "--list-keys"]) == 0
+    assert json.loads(capsys.readouterr().out)["lr_horizon"] == 4096
+    run_dir = str(tmp_path / "run")
+    assert cli_main("train", [*argv, "--logdir", run_dir, "--no-progress", "--no-tensorboard"]) == 0
+    err = capsys.readouterr().err
+    assert "note: the learning rate reaches 0 at lr_horizon=4,096 env steps; the last 4,096" in err
+    rates = [json.loads(line).get("losses/learning_rate") for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    assert [r for r in rates if r is not None][-1] == 0.0
+    with pytest.raises(ConfigError, match="it cannot change lr_horizon"):
+        check_resume_config(PPOConfig(lr_horizon=4096), PPOConfig(lr_horizon=8192))
+    for bad in ("lr_horizon=0", "lr_horizon=-5", "lr_horizon=1.5"):
+        assert cli_main("train", ["CartPole-v1", "--set", bad, "--list-keys"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "lr_horizon" in err and "\n" not in err, err
+
+
 # =============================================================================== config
 def test_anneal_lr_is_the_older_spelling():
     assert PPOConfig().lr_schedule == "linear" and PPOConfig().anneal_lr is True

@@ -49,6 +49,7 @@ def reference_loss(pol, x, a, olp, adv, ret, ov, clip, ent_coef, vf_coef, clip_v
     "act_space, activation, ent_coef, clip_vf, hidden",
     [
         (spaces.Box(-1, 1, (3,), np.float32), "tanh", 0.0, None, (16, 12)),
+        (spaces.Box(-1, 1, (3,), np.float32), "relu", 0.0, None, ((16, 12), (24, 20, 8))),  # critic sizes of its own
         (spaces.Box(-1, 1, (2,), np.float32), "relu", 0.01, 0.2, (16, 12)),
         (spaces.Discrete(4), "tanh", 0.01, None, (16, 12)),
         (spaces.Discrete(3), "relu", 0.0, 0.1, (16, 12)),
@@ -58,7 +59,10 @@ def reference_loss(pol, x, a, olp, adv, ret, ov, clip, ent_coef, vf_coef, clip_v
 def test_gradient_matches_autograd(act_space, activation, ent_coef, clip_vf, hidden):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    pol = make_policy(OBS, act_space, hidden=hidden, activation=activation, log_std_init=-0.3)
+    hidden, critic_hidden = hidden if hidden and isinstance(hidden[0], tuple) else (hidden, None)
+    pol = make_policy(
+        OBS, act_space, hidden=hidden, critic_hidden=critic_hidden, activation=activation, log_std_init=-0.3
+    )
     ref = copy.deepcopy(pol).double()
     _flat, grad = flatten_parameters(pol)
     learner = NumpyLearner(pol, grad, ent_coef=ent_coef, vf_coef=0.7, clip_vf=clip_vf)

@@ -538,6 +538,36 @@ def test_eval_reports_mean_return(tmp_path, capsys):
     assert res["mean_return"] == pytest.approx(np.mean(returns))
     assert (res["min_return"], res["max_return"]) == (min(returns), max(returns))
     assert res["mean_length"] == pytest.approx(np.mean(lengths))
+    # beside it, the training return the run ended with (result.json's, stochastic actions)
+    trained = json.load(open(run / "result.json"))
+    assert res["training_mean_return"] == pytest.approx(trained["final_mean_return"], abs=1e-4)
+    assert res["training_env_steps"] == trained["env_steps"] == 2048
+
+
+def test_critic_sizes_of_its_own_train_save_eval_and_resume(tmp_path, capsys):
+    """critic_hidden: the critic's layers differ from the actor's, in the trainer, its
+    checkpoint and eval; a resumed run keeps them; the default keeps one size for both."""
+    pol = make_policy(spaces.Box(-1, 1, (5,), np.float32), spaces.Discrete(3), hidden=(16,), critic_hidden=(32, 8))
+    linears = lambda seq: [tuple(m.weight.shape) for m in seq if isinstance(m, torch.nn.Linear)]  # noqa: E731
+    assert linears(pol.actor) == [(16, 5), (3, 16)]
+    assert linears(pol.critic) == [(32, 5), (8, 32), (1, 8)]
+    same = make_policy(spaces.Box(-1, 1, (5,), np.float32), spaces.Discrete(3), hidden=(16,))
+    assert linears(same.critic) == [(16, 5), (1, 16)]
+
+    run = tmp_path / "run"
+    args = ["CartPole-v1", "--total-steps", "2048", "--logdir", str(run), "--no-progress", "--no-tensorboard"]
+    assert cli_main("train", [*args, "--set", "hidden=16", "--set", "critic_hidden=32,8"]) == 0
+    ckpt = load_checkpoint(str(run / "checkpoint.pt"))
+    assert ckpt["config"]["critic_hidden"] == [32, 8] and ckpt["config"]["hidden"] == [16]
+    assert linears(policy_from_checkpoint(ckpt).critic) == [(32, 4), (8, 32), (1, 8)]
+    assert cli_main("eval", [str(run), "--episodes", "2"]) == 0
+    capsys.readouterr()
+    more = ["CartPole-v1", "--total-steps", "4096", "--resume", str(run), "--no-progress"]
+    assert cli_main("train", [*more, "--no-tensorboard"]) == 0
+    resumed = load_checkpoint(str(run / "checkpoint.pt"))
+    assert linears(policy_from_checkpoint(resumed).critic)[0] == (32, 4) and resumed["env_steps"] == 4096
+    code = cli_main("train", [*more, "--set", "critic_hidden=64"])
+    _one_line_error(capsys, code, "critic_hidden")
 
 
 # =============================================================================== CLI errors
@@ -559,6 +589,8 @@ def test_cli_bad_set_key_and_value(capsys):
     _one_line_error(capsys, cli_main("train", ["CartPole-v1", "--set", "gamma=1.5"]), "gamma")
     _one_line_error(capsys, cli_main("train", ["CartPole-v1", "--set", "noequals"]), "key=value")
     _one_line_error(capsys, cli_main("train", ["CartPole-v1", "--num-envs", "0"]), "num_envs")
+    for bad in ("critic_hidden=64,0", "critic_hidden=64,a", "hidden=-1"):
+        _one_line_error(capsys, cli_main("train", ["CartPole-v1", "--set", bad]), bad.split("=")[0])
 
 
 def test_cli_checkpoint_errors(tmp_path, capsys):

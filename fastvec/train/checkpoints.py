@@ -133,6 +133,7 @@ def policy_from_checkpoint(ckpt: dict) -> ActorCritic:
         ckpt["observation_space"],
         ckpt["action_space"],
         hidden=tuple(c["hidden"]),
+        critic_hidden=None if c.get("critic_hidden") is None else tuple(c["critic_hidden"]),
         activation=c["activation"],
         ortho_init=False,
         log_std_init=c["log_std_init"],

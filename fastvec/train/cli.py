@@ -231,7 +231,7 @@ class _StopOnSignal:
 def _train(argv) -> int:
     args = _train_parser().parse_args(argv)
     from ..errors import WorkerError
-    from .config import ConfigError
+    from .config import ConfigError, schedule_note
     from .presets import check_env_id
 
     resume = None
@@ -264,6 +264,9 @@ def _train(argv) -> int:
     if args.list_keys:
         print(json.dumps(cfg.to_dict(), indent=1))
         return 0
+    note = schedule_note(cfg)
+    if note:
+        print(f"fastvec train: note: {note}", file=sys.stderr, flush=True)
     import torch  # noqa: F401  (imported before the clock starts)
 
     from .monitor import default_run_dir

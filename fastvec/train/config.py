@@ -143,10 +143,14 @@ class PPOConfig:
     lr: float = 3e-4
     """Adam's learning rate (adaptive schedule: the first update's)."""
     lr_schedule: str = "linear"
-    """How the learning rate moves: linear (decays to 0 over ``total_steps``), constant, or
+    """How the learning rate moves: linear (decays to 0 over ``lr_horizon``), constant, or
     adaptive (after each update, divided by ``lr_factor`` when the update's approximate KL
     exceeds 2 x ``lr_kl_target``, multiplied by it when the KL is below half of that, within
     [``lr_min``, ``lr_max``]). ``anneal_lr`` is its older spelling."""
+    lr_horizon: int | None = None
+    """Env steps over which the linear schedule (and ``anneal_clip``) decays to 0 (None:
+    ``total_steps``). Set, a run learns the same whatever its budget: a shorter run is the
+    longer run's beginning, step for step."""
     lr_kl_target: float = 0.008
     """The adaptive schedule's target approximate KL per update (rl_games' default)."""
     lr_factor: float = 1.5
@@ -184,7 +188,9 @@ class PPOConfig:
     """Normalise advantages over each rollout."""
     # ---- the policy
     hidden: tuple = (64, 64)
-    """Hidden layer sizes of the MLPs."""
+    """Hidden layer sizes of the MLPs (the actor's, and the critic's unless ``critic_hidden``)."""
+    critic_hidden: tuple | None = None
+    """Hidden layer sizes of the critic's MLP when they differ from the actor's (None: ``hidden``)."""
     activation: str = "tanh"
     """Activation of the MLPs (tanh, relu, elu, gelu, silu)."""
     ortho_init: bool = True
@@ -325,7 +331,7 @@ class PPOConfig:
         ):
             _pos_int(name, getattr(self, name))
         self.transport.validate(self.num_envs)
-        for name in ("num_workers", "torch_threads", "learn_threads"):
+        for name in ("num_workers", "torch_threads", "learn_threads", "lr_horizon"):
             if getattr(self, name) is not None:
                 _pos_int(name, getattr(self, name))
         v = self.checkpoint_every
@@ -353,8 +359,14 @@ class PPOConfig:
             v = getattr(self, name)
             if v is not None and not (v > 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a positive number or none, got {v!r}")
-        if not all(isinstance(h, int) and h > 0 for h in self.hidden):
-            raise ConfigError(f"hidden must be positive layer sizes like 64,64, got {self.hidden!r}")
+        for name in ("hidden", "critic_hidden"):
+            v = getattr(self, name)
+            if v is None and name == "critic_hidden":
+                continue
+            if not isinstance(v, (tuple, list)) or not all(
+                isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in v
+            ):
+                raise ConfigError(f"{name} must be positive layer sizes like 64,64, got {v!r}")
         from .policies import ACTIVATIONS
 
         if self.activation not in ACTIVATIONS:
@@ -409,7 +421,7 @@ class PPOConfig:
     def to_dict(self) -> dict:
         """Every ``--set`` key and its value, flat (the transport's keys where they were
         before the split): what a checkpoint keeps as its config."""
-        return {k: list(self.hidden) if k == "hidden" else getattr(self, k) for k in FIELD_KINDS}
+        return {k: _listed(getattr(self, k)) if k in _SIZES else getattr(self, k) for k in FIELD_KINDS}
 
     @classmethod
     def from_dict(cls, d: dict) -> PPOConfig:
@@ -421,9 +433,17 @@ class PPOConfig:
         unknown = sorted((set(d) - set(FIELD_KINDS)) | (set(nested) - set(TRANSPORT_KEYS)))
         if unknown:
             raise ConfigError(f"unknown config keys {unknown} (written by another fastvec version?)")
-        if d.get("hidden") is not None:
-            d["hidden"] = tuple(d["hidden"])
+        for k in _SIZES:
+            if d.get(k) is not None:
+                d[k] = tuple(d[k])
         return cls(**{**nested, **d})  # a flat key over a nested one: flat is what this version writes
+
+
+_SIZES = ("hidden", "critic_hidden")  # tuples, kept as lists in a checkpoint's config
+
+
+def _listed(v):
+    return None if v is None else list(v)
 
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
@@ -514,7 +534,7 @@ def apply_overrides(cfg: PPOConfig, items) -> PPOConfig:
         for k, v in items.items():
             if k not in FIELD_KINDS:
                 raise ConfigError(f"unknown config key {k!r}")
-            if k == "hidden" and v is not None:
+            if k in _SIZES and v is not None:
                 v = tuple(v)
             given[k] = v
     else:
@@ -565,6 +585,18 @@ SAFE_ON_RESUME = frozenset(
         *TRANSPORT_KEYS,
     }
 )
+
+
+def schedule_note(cfg: PPOConfig) -> str | None:
+    """A line for the user where the linear schedule ends before the run does (its rate is
+    0 from ``lr_horizon`` on: those steps collect but do not learn)."""
+    h = cfg.lr_horizon
+    if h is None or cfg.lr_schedule != "linear" or h >= cfg.total_steps:
+        return None
+    return (
+        f"the learning rate reaches 0 at lr_horizon={h:,} env steps; the last "
+        f"{cfg.total_steps - h:,} of total_steps={cfg.total_steps:,} will not learn"
+    )
 
 
 def check_resume_config(run: PPOConfig, new: PPOConfig) -> None:

@@ -23,7 +23,10 @@ def evaluate(
     """Run ``episodes`` episodes of a checkpoint's policy (in-process, vectorised).
 
     Episodes are spread evenly over the envs (each env runs its share, as SB3's
-    ``evaluate_policy``), so short episodes are not over-represented.
+    ``evaluate_policy``), so short episodes are not over-represented. Beside them, the
+    training return the checkpoint was written at (the mean of its last
+    ``return_window`` training episodes, stochastic actions; None where it kept none):
+    published PPO figures are of either kind, and the two differ.
     """
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -79,5 +82,12 @@ def evaluate(
         "mean_length": float(np.mean(lengths)),
         "deterministic": deterministic,
         "seed": seed,
+        "training_mean_return": _training_return(ckpt),
+        "training_env_steps": ckpt.get("env_steps"),
         "wall_seconds": round(wall, 3),
     }
+
+
+def _training_return(ckpt: dict) -> float | None:
+    window = ((ckpt.get("train_state") or {}).get("tracker") or {}).get("window")
+    return float(np.mean(window)) if window else None

@@ -1,8 +1,11 @@
 """The learning rate's schedule (``PPOConfig.lr_schedule``): linear, constant or adaptive.
 
 - **linear** (the default): ``lr * max(1 - updates / num_updates, 0)``, to 0 at
-  ``total_steps`` (the expression PPO used before the schedules had a name: the same
-  floats, bit for bit).
+  ``lr_horizon`` env steps, which is ``total_steps`` unless set (the expression PPO used
+  before the schedules had a name: the same floats, bit for bit). Tied to the budget, the
+  same preset learns differently when told 1M or 10M steps (at 1M the first is at rate 0,
+  the second at 90%); ``lr_horizon`` ties it to a number of steps instead, so a shorter
+  run is exactly the longer run's beginning.
 - **constant**: ``lr`` throughout.
 - **adaptive**: starts at ``lr``; after each update, the update's approximate KL ``kl``
   moves it (``adapt_lr``): above ``2 * lr_kl_target`` it is divided by ``lr_factor``,
@@ -63,7 +66,7 @@ class LRSchedule:
 
     Args:
         cfg: the run's ``PPOConfig`` (``lr``, ``lr_schedule`` and the ``lr_*`` keys).
-        num_updates: the updates in ``total_steps`` (the linear schedule's end).
+        num_updates: the updates in ``lr_horizon`` or ``total_steps`` (the linear schedule's end).
     """
 
     def __init__(self, cfg, num_updates: int):

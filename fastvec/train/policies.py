@@ -7,8 +7,8 @@
   component) and ``MultiBinary`` (two-way categoricals); a diagonal Gaussian with a
   state-independent log std for ``Box``.
 
-The MLP uses separate actor and critic networks (as SB3's default ``MlpPolicy``); the
-CNN shares its trunk and has two linear heads (as SB3's ``CnnPolicy`` and CleanRL).
+The MLP uses separate actor and critic networks (as SB3's default ``MlpPolicy``), of
+the sizes ``hidden`` (both) or ``hidden`` and ``critic_hidden``; the CNN shares its trunk and has two linear heads (as SB3's ``CnnPolicy`` and CleanRL).
 
 Acting is designed for the trainer's hot loop: ``act_`` samples with noise drawn for a
 whole rollout at once (Gumbel-max for categoricals, ``mean + std * eps`` for Gaussians)
@@ -333,6 +333,7 @@ class ActorCritic(nn.Module):
         act_space: spaces.Space,
         *,
         hidden=(64, 64),
+        critic_hidden=None,
         activation: str = "tanh",
         ortho_init: bool = True,
         log_std_init: float = 0.0,
@@ -361,8 +362,9 @@ class ActorCritic(nn.Module):
             if self.one_hot:
                 self.obs_start = int(obs_space.start)
             sizes = [self.obs_dim, *[int(h) for h in hidden]]
+            critic_sizes = sizes if critic_hidden is None else [self.obs_dim, *[int(h) for h in critic_hidden]]
             self.actor = _mlp(sizes, activation, self.dist.n_params, 0.01, ortho_init)
-            self.critic = _mlp(sizes, activation, 1, 1.0, ortho_init)
+            self.critic = _mlp(critic_sizes, activation, 1, 1.0, ortho_init)
             if normalize_obs and not self.one_hot:
                 self.obs_norm = RunningNorm(self.obs_dim)
             self.values_at_act = False
@@ -472,13 +474,22 @@ class ActorCritic(nn.Module):
 
 
 def make_policy(
-    obs_space, act_space, *, hidden=(64, 64), activation="tanh", ortho_init=True, log_std_init=0.0, normalize_obs=False
+    obs_space,
+    act_space,
+    *,
+    hidden=(64, 64),
+    critic_hidden=None,
+    activation="tanh",
+    ortho_init=True,
+    log_std_init=0.0,
+    normalize_obs=False,
 ) -> ActorCritic:
     """The policy for these spaces (see the module docstring for the rules)."""
     return ActorCritic(
         obs_space,
         act_space,
         hidden=hidden,
+        critic_hidden=critic_hidden,
         activation=activation,
         ortho_init=ortho_init,
         log_std_init=log_std_init,

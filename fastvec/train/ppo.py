@@ -189,6 +189,7 @@ class PPO:
             obs_space,
             act_space,
             hidden=cfg.hidden,
+            critic_hidden=cfg.critic_hidden,
             activation=cfg.activation,
             ortho_init=cfg.ortho_init,
             log_std_init=cfg.log_std_init,
@@ -218,7 +219,8 @@ class PPO:
         # per-sample weights of the advantages (proximal_policy=learner), set by prepare
         self.adv_weights: torch.Tensor | None = None
         self._batch = self.T * self.N
-        self.num_updates = max(1, cfg.total_steps // self._batch)
+        # the schedules' horizon, in updates (lr_horizon's, else total_steps')
+        self.num_updates = max(1, (cfg.lr_horizon or cfg.total_steps) // self._batch)
         self.lr_schedule = LRSchedule(cfg, self.num_updates)
 
     # ------------------------------------------------------------------ resuming
