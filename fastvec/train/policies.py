@@ -8,7 +8,8 @@
   state-independent log std for ``Box``.
 
 The MLP uses separate actor and critic networks (as SB3's default ``MlpPolicy``), of
-the sizes ``hidden`` (both) or ``hidden`` and ``critic_hidden``; the CNN shares its trunk and has two linear heads (as SB3's ``CnnPolicy`` and CleanRL).
+the sizes ``hidden`` (both) or ``hidden`` and ``critic_hidden``; the CNN shares its
+trunk and has two linear heads (as SB3's ``CnnPolicy`` and CleanRL).
 
 Acting is designed for the trainer's hot loop: ``act_`` samples with noise drawn for a
 whole rollout at once (Gumbel-max for categoricals, ``mean + std * eps`` for Gaussians)
