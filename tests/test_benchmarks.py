@@ -356,3 +356,30 @@ def test_gae_benchmark_writes_results(tmp_path, capsys):
     md = (out / "results.md").read_text()
     assert md.startswith("# GAE") and "| fastvec.gae (allocates outputs) |" in md
     assert "fastvec.gae vs numpy loop:" in md and "fastvec.gae vs numpy loop:" in capsys.readouterr().out
+
+
+def test_preset_candidates_train_evaluate_and_report(tmp_path, capsys):
+    """benchmarks/bench_presets.py: each candidate and seed trained and evaluated in fresh
+    processes; the table's medians and worst seed are those of the runs it saved."""
+    import argparse
+
+    import bench_presets
+
+    with pytest.raises(argparse.ArgumentTypeError, match="name:key=value"):
+        bench_presets.parse_candidate("no_colon")
+    with pytest.raises(argparse.ArgumentTypeError, match="expected key=value"):
+        bench_presets.parse_candidate("x:lr")
+    argv = ["CartPole-v1", "--steps", "1024", "--seeds", "1", "2", "--episodes", "2", "--out", str(tmp_path)]
+    argv += ["--candidate", "preset:", "--candidate", "fast:lr=1e-3,n_epochs=2"]
+    assert bench_presets.main(argv) == 0
+    res = json.loads((tmp_path / "CartPole-v1.json").read_text())
+    assert set(res["runs"]) == {"preset", "fast"} and res["runs"]["fast"]["1"]["sets"] == ["lr=1e-3", "n_epochs=2"]
+    md = (tmp_path / "CartPole-v1.md").read_text()
+    for name, runs in res["runs"].items():
+        evals = [r["eval_mean"] for r in runs.values()]
+        assert all(r["env_steps"] == 1024 for r in runs.values())
+        (row,) = [line for line in md.splitlines() if line.startswith(f"| {name} |")]
+        assert row.endswith(f"| {min(evals):.1f} |"), row  # the worst seed's evaluation
+    with pytest.raises(SystemExit):
+        bench_presets.main(["CartPole-v1", "--steps", "10", "--candidate", "a:", "--candidate", "a:lr=1"])
+    assert "candidate names must differ" in capsys.readouterr().err
