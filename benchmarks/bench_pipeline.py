@@ -26,11 +26,12 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from harness.common import span as _span
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # name: env id, env steps (the cap, for a time-to-solve race), time to solve?, seeds
@@ -81,13 +82,6 @@ def run(env_id: str, steps: int, seed: int, sets: list[str], solve: bool) -> dic
 def _run_cpu(res: dict) -> float:
     """CPU seconds of the run proper: the process tree's, less its start-up on one core."""
     return res["cpu_seconds"] - (res["process_wall_seconds"] - res["wall_seconds"])
-
-
-def _span(vals, fmt="{:.2f}"):
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return "n/a"
-    return f"{fmt.format(statistics.median(vals))} ({fmt.format(min(vals))}-{fmt.format(max(vals))})"
 
 
 def _plot(path: str, title: str, by: dict, seeds: list[int]) -> None:

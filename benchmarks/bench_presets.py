@@ -20,11 +20,12 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from harness.common import span
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -65,10 +66,6 @@ def run(env_id: str, steps: int, seed: int, sets: list[str], episodes: int) -> d
     }
 
 
-def _span(vals) -> str:
-    return f"{statistics.median(vals):.1f} ({min(vals):.1f}-{max(vals):.1f})"
-
-
 def report(env_id: str, steps: int, episodes: int, by: dict, command: str, took: float) -> str:
     seeds = sorted(next(iter(by.values())))
     lines = [
@@ -85,8 +82,8 @@ def report(env_id: str, steps: int, episodes: int, by: dict, command: str, took:
         rs = [runs[s] for s in seeds]
         sets = " ".join(f"`{s}`" for s in rs[0]["sets"]) or "(the preset)"
         lines.append(
-            f"| {name} | {sets} | {_span([r['wall_seconds'] for r in rs])} "
-            f"| {_span([r['train_return'] for r in rs])} | {_span([r['eval_mean'] for r in rs])} "
+            f"| {name} | {sets} | {span([r['wall_seconds'] for r in rs], '{:.1f}')} "
+            f"| {span([r['train_return'] for r in rs], '{:.1f}')} | {span([r['eval_mean'] for r in rs], '{:.1f}')} "
             f"| {min(r['eval_mean'] for r in rs):.1f} |"
         )
     lines += ["", "Per seed (wall s, training return, eval mean +- std):", ""]

@@ -17,11 +17,12 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from harness.common import span as _span
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = {  # env id, env steps, extra --set
@@ -56,10 +57,6 @@ def run(env_id: str, steps: int, seed: int, sets: list[str]) -> dict:
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _span(vals, fmt="{:.2f}"):
-    return f"{fmt.format(statistics.median(vals))} ({fmt.format(min(vals))}-{fmt.format(max(vals))})"
 
 
 def main():

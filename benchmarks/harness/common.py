@@ -8,6 +8,7 @@ import contextlib
 import datetime
 import os
 import platform
+import statistics
 import sys
 
 
@@ -17,6 +18,14 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def span(vals, fmt: str = "{:.2f}") -> str:
+    """``median (min-max)`` of the values that are not None ("n/a" for none)."""
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "n/a"
+    return f"{fmt.format(statistics.median(vals))} ({fmt.format(min(vals))}-{fmt.format(max(vals))})"
 
 
 def parse(parser: argparse.ArgumentParser, argv):
