@@ -8,6 +8,7 @@ copy of ``tests/`` only."""
 
 import functools
 import json
+import math
 import pathlib
 import sys
 import time
@@ -383,3 +384,62 @@ def test_preset_candidates_train_evaluate_and_report(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench_presets.main(["CartPole-v1", "--steps", "10", "--candidate", "a:", "--candidate", "a:lr=1"])
     assert "candidate names must differ" in capsys.readouterr().err
+
+
+def test_preset_sb3_anchor(tmp_path, capsys):
+    """bench_presets.py --sb3: SB3's PPO with RL Zoo's hyperparameters trained and evaluated
+    as one more candidate; the anchor line times each candidate's curve to SB3's return."""
+    import bench_presets
+
+    with pytest.raises(SystemExit):
+        bench_presets.main(["CartPole-v1", "--steps", "10", "--candidate", "a:", "--sb3"])
+    assert "RL Zoo's hyperparameters are here for" in capsys.readouterr().err
+    argv = ["HalfCheetah-v5", "--steps", "1024", "--seeds", "1", "--episodes", "1", "--out", str(tmp_path)]
+    assert bench_presets.main([*argv, "--candidate", "preset:", "--sb3"]) == 0
+    res = json.loads((tmp_path / "HalfCheetah-v5.json").read_text())
+    sb3 = res["runs"]["sb3_zoo"]["1"]
+    assert sb3["env_steps"] == 1024 and math.isfinite(sb3["eval_mean"]) and sb3["wall_seconds"] > 0
+    assert sb3["curve"][-1][:2] == [1024, round(sb3["wall_seconds"], 2)]
+    assert "SB3 anchor:" in (tmp_path / "HalfCheetah-v5.md").read_text()
+
+
+def test_preset_anchor_times_each_curve_to_the_sb3_return():
+    """The anchor's arithmetic against a hand-worked case: SB3 ends at a median 100 in a
+    median 50 s; one candidate gets there at 10 and 20 s (0.30x), one on one seed only."""
+    import bench_presets
+
+    assert bench_presets.time_to([[1, 1.0, None], [2, 2.0, 90.0], [3, 3.0, 100.0]], 100.0) == 3.0
+    assert bench_presets.time_to([[1, 1.0, 5.0]], 100.0) is None
+    sb3 = {1: {"train_return": 90.0, "wall_seconds": 40.0}, 2: {"train_return": 110.0, "wall_seconds": 60.0}}
+    fast = {1: {"curve": [[1, 10.0, 100.0]]}, 2: {"curve": [[1, 5.0, 99.0], [2, 20.0, 120.0]]}}
+    slow = {1: {"curve": [[1, 10.0, 100.0]]}, 2: {"curve": [[1, 5.0, 50.0]]}}
+    lines = bench_presets.anchor_lines({"fast": fast, "slow": slow, "sb3_zoo": sb3}, [1, 2])
+    assert "median 100.0, in a median 50.0 s" in lines[1]
+    assert lines[3] == "- fast: reached on 2/2 seeds, 15.0 (10.0-20.0) s: 0.30x SB3's time"
+    assert lines[4] == "- slow: reached on 1/2 seeds, 10.0 (10.0-10.0) s: not on every seed"
+    assert bench_presets.anchor_lines({"fast": fast}, [1, 2]) == []
+
+
+def test_presets_page_from_saved_runs(tmp_path):
+    """benchmarks/presets_page.py: the results page's rows are the saved runs' figures (the
+    return at each minute read off the curve by hand here), with the published figures
+    and a chart per task."""
+    import presets_page
+
+    curve = [[1000, 30.0, 10.0], [2000, 70.0, 20.0], [3000, 130.0, None], [4000, 200.0, 40.0]]
+    run = {"wall_seconds": 200.0, "env_steps": 4000, "train_return": 40.0, "eval_mean": 55.0, "eval_std": 5.0}
+    res = {"env_id": "Hopper-v5", "steps": 4000, "command": "Hopper-v5 --steps 4000", "runs": {}}
+    res["runs"]["cand"] = {"1": {**run, "curve": curve, "sets": ["lr=1e-3"]}}
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "Hopper-v5.json").write_text(json.dumps(res))
+    assert presets_page.return_at(curve, 60) == 10.0 and presets_page.return_at(curve, 150) == 20.0
+    assert presets_page.return_at(curve, 300) is None  # the run ended before 5 minutes
+    out = tmp_path / "docs" / "results.md"
+    out.parent.mkdir()
+    assert presets_page.main([str(tmp_path / "runs"), "--out", str(out)]) == 0
+    md = out.read_text()
+    assert "| cand | 1 | 200 | 40 | 10 | 20 | - | - | 55 +- 5 |" in md
+    assert "2,410 +- 10" in md and "- cand: `lr=1e-3`" in md
+    assert (tmp_path / "docs" / "results" / "Hopper-v5.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        presets_page.main([str(tmp_path / "docs" / "results"), "--out", str(out)])

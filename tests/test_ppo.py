@@ -20,7 +20,7 @@ from fastvec.train.checkpoints import policy_from_checkpoint
 from fastvec.train.cli import main as cli_main
 from fastvec.train.cli import run_training as train
 from fastvec.train.policies import CategoricalDist, GaussianDist, make_policy
-from fastvec.train.presets import env_factory, preset_for
+from fastvec.train.presets import PRESETS, env_factory, preset_for
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -589,8 +589,17 @@ def test_cli_bad_set_key_and_value(capsys):
     _one_line_error(capsys, cli_main("train", ["CartPole-v1", "--set", "gamma=1.5"]), "gamma")
     _one_line_error(capsys, cli_main("train", ["CartPole-v1", "--set", "noequals"]), "key=value")
     _one_line_error(capsys, cli_main("train", ["CartPole-v1", "--num-envs", "0"]), "num_envs")
-    for bad in ("critic_hidden=64,0", "critic_hidden=64,a", "hidden=-1"):
+    for bad in ("critic_hidden=64,0", "critic_hidden=64,a", "hidden=-1", "hidden=64,,64", "hidden=64,", "hidden="):
         _one_line_error(capsys, cli_main("train", ["CartPole-v1", "--set", bad]), bad.split("=")[0])
+
+
+def test_hidden_none_is_a_linear_policy():
+    """``--set hidden=none``: no hidden layer, the actor and critic linear in the observation
+    (CartPole: 4x2 + 2 logits' parameters and 4 + 1 for the value)."""
+    cfg = apply_overrides(PPOConfig(), ["hidden=none"]).validate()
+    assert cfg.hidden == ()
+    pol = make_policy(spaces.Box(-1, 1, (4,)), spaces.Discrete(2), hidden=cfg.hidden)
+    assert sum(p.numel() for p in pol.parameters()) == 4 * 2 + 2 + 4 + 1
 
 
 def test_cli_checkpoint_errors(tmp_path, capsys):
@@ -638,10 +647,36 @@ def test_cli_end_to_end_subprocess(tmp_path):
 
 # =============================================================================== presets
 def test_presets_exist_and_validate():
-    for env_id in ("CartPole-v1", "Acrobot-v1", "InvertedPendulum-v5", "HalfCheetah-v5", "ALE/Pong-v5"):
+    assert {"CartPole-v1", "Acrobot-v1", "InvertedPendulum-v5", "HalfCheetah-v5", "ALE/Pong-v5"} <= set(PRESETS)
+    for env_id in PRESETS:
         cfg = apply_overrides(PPOConfig(), preset_for(env_id)).validate()
         assert cfg.num_envs >= 1
     assert preset_for("ALE/Breakout-v5")["n_steps"] == 128  # Atari defaults for other ALE ids
+
+
+MUJOCO_PRESETS = [e for e in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5") if e in PRESETS]
+
+
+@pytest.mark.parametrize("env_id", MUJOCO_PRESETS)
+@pytest.mark.parametrize("pipeline", ["lockstep", "async"])
+def test_mujoco_preset_trains_resumes_and_evaluates(tmp_path, capsys, env_id, pipeline):
+    """Each MuJoCo preset as a user runs it, short: trained with a --set override on either
+    pipeline, resumed, evaluated; its checkpoint holds the preset's policy sizes."""
+    pytest.importorskip("mujoco")
+    preset = preset_for(env_id)
+    run = tmp_path / "run"
+    short = ["--set", "n_steps=16", "--set", f"pipeline={pipeline}", "--no-progress", "--no-tensorboard"]
+    steps = 2 * 16 * preset["num_envs"]
+    assert cli_main("train", [env_id, "--total-steps", str(steps), "--logdir", str(run), *short]) == 0
+    ckpt = load_checkpoint(str(run / "checkpoint.pt"))
+    assert ckpt["config"]["hidden"] == list(preset.get("hidden", PPOConfig().hidden))
+    assert ckpt["config"]["n_steps"] == 16 and ckpt["env_steps"] == steps
+    more = [env_id, "--total-steps", str(2 * steps), "--resume", str(run), "--no-progress", "--no-tensorboard"]
+    assert cli_main("train", more) == 0
+    assert load_checkpoint(str(run / "checkpoint.pt"))["env_steps"] == 2 * steps
+    capsys.readouterr()
+    assert cli_main("eval", [str(run), "--episodes", "1"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["episodes"] == 1
 
 
 def test_pong_env_factory_stacks_frames():

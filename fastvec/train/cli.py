@@ -34,7 +34,7 @@ import time
 
 from .._cli_util import OneLineParser as _Parser
 
-__all__ = ["main", "build_config", "build_storage", "run_training", "time_to_solve"]
+__all__ = ["main", "build_config", "build_storage", "run_training"]
 
 
 def _train_parser() -> argparse.ArgumentParser:
@@ -544,36 +544,6 @@ def run_training(
         t_start=t_start,
         learner=learner,
     )
-
-
-def time_to_solve(
-    env_id: str = "CartPole-v1", seeds=(0, 1, 2), threshold: float | None = None, overrides=(), max_steps: int = 200_000
-) -> dict:
-    """Wall time of ``fastvec train ENV --stop-at-return THRESHOLD`` per seed (in this
-    process, preset hyperparameters). The side-by-side
-    comparison with SB3 is ``benchmarks/bench_train.py``."""
-    import statistics
-
-    from .config import PPOConfig, apply_overrides
-    from .presets import preset_for, solve_threshold
-
-    threshold = solve_threshold(env_id) if threshold is None else threshold
-    runs = []
-    for seed in seeds:
-        cfg = apply_overrides(PPOConfig(), preset_for(env_id))
-        cfg.seed, cfg.stop_at_return, cfg.total_steps = seed, threshold, max_steps
-        apply_overrides(cfg, list(overrides))
-        r = run_training(env_id, cfg, progress=False, tensorboard=False)
-        runs.append({k: r[k] for k in ("seed", "solved", "env_steps", "wall_seconds", "sps")})
-    return {
-        "env_id": env_id,
-        "threshold": threshold,
-        "runs": runs,
-        "solved": sum(r["solved"] for r in runs),
-        "seeds": len(runs),
-        "median_wall_seconds": statistics.median(r["wall_seconds"] for r in runs),
-        "median_env_steps": statistics.median(r["env_steps"] for r in runs),
-    }
 
 
 def _eval(argv) -> int:

@@ -476,9 +476,9 @@ def _parse_value(name: str, text: str, kind: str):
                 return False
             raise ValueError
         if base == "ints":
-            if low in _NONE:
+            if low in ("none", "null"):  # no hidden layer: a linear policy
                 return ()
-            return tuple(int(x) for x in t.replace("x", ",").split(",") if x.strip())
+            return tuple(int(x) for x in t.replace("x", ",").split(","))  # int(""): ValueError
         if base == "str":
             if not t:
                 raise ValueError
@@ -489,7 +489,7 @@ def _parse_value(name: str, text: str, kind: str):
         "int": "an integer",
         "float": "a number",
         "bool": "true or false",
-        "ints": "comma-separated integers like 64,64",
+        "ints": "comma-separated integers like 64,64, or none for no hidden layer",
         "str": "a non-empty string",
     }[base]
     raise ConfigError(f"bad value for {name}: {text!r} (expected {want}{' or none' if optional else ''})")
