@@ -12,6 +12,10 @@ empty list: the preset as it is). Seeds run in turn, the candidates' order alter
 by seed. Reported per candidate: wall time, the training return at the end (the last 20
 episodes, sampled actions) and the deterministic evaluation's mean, as the median over
 seeds with the range, and the **worst seed's** evaluation (what the next user may get).
+Every run's learning curve is kept in the JSON (``presets_page.py`` draws them).
+
+``--sb3`` adds the anchor: SB3's PPO with RL Zoo's hyperparameters for the task, trained
+and evaluated the same way, and each candidate's wall time to SB3's final training return.
 """
 
 from __future__ import annotations
@@ -257,6 +261,8 @@ def main(argv=None) -> int:
     p.add_argument("--name", default=None, help="the files' name (default: the env id)")
     p.add_argument("--sb3", action="store_true", help="add SB3's PPO with RL Zoo's hyperparameters (sb3_zoo)")
     args = p.parse_args(argv)
+    if any(n == SB3 for n, _ in args.candidate):
+        p.error(f"{SB3} is --sb3's candidate; name yours otherwise")
     if args.sb3:
         if args.env_id not in ZOO_SB3:
             p.error(f"--sb3: RL Zoo's hyperparameters are here for {sorted(ZOO_SB3)}, not {args.env_id}")

@@ -394,6 +394,9 @@ def test_preset_sb3_anchor(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench_presets.main(["CartPole-v1", "--steps", "10", "--candidate", "a:", "--sb3"])
     assert "RL Zoo's hyperparameters are here for" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_presets.main(["CartPole-v1", "--steps", "10", "--candidate", "sb3_zoo:lr=1"])
+    assert "is --sb3's candidate" in capsys.readouterr().err
     argv = ["HalfCheetah-v5", "--steps", "1024", "--seeds", "1", "--episodes", "1", "--out", str(tmp_path)]
     assert bench_presets.main([*argv, "--candidate", "preset:", "--sb3"]) == 0
     res = json.loads((tmp_path / "HalfCheetah-v5.json").read_text())
