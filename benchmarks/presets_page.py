@@ -82,11 +82,10 @@ def task_section(res: dict, chart: str, sb3: dict | None = None) -> list[str]:
                 f"| {name} | {seed} | {r['wall_seconds']:.0f} | {_num(r['train_return'])} | {at} "
                 f"| {_num(r['eval_mean'])} +- {_num(r['eval_std'])} |"
             )
-    seeds = sorted(next(iter(res["runs"].values())))
-    if sb3 is not None and SB3 not in res["runs"] and set(seeds) <= set(sb3):  # the anchor of another run
-        lines += anchor_lines({**res["runs"], SB3: sb3}, seeds)
-    else:
-        lines += anchor_lines(res["runs"], seeds)
+    by, seeds = res["runs"], sorted(next(iter(res["runs"].values())))
+    if sb3 is not None and SB3 not in by and set(seeds) <= set(sb3):  # the anchor of another run
+        by = {**by, SB3: sb3}
+    lines += anchor_lines(by, seeds)
     lines += ["", "Settings (`--set` over the env's preset):", ""]
     lines += [f"- {name}: " + (" ".join(f"`{s}`" for s in next(iter(runs.values()))["sets"]) or "the preset")
               for name, runs in res["runs"].items()]  # fmt: skip
