@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Two builds' own step times, interleaved: fastvec's median ``step()`` time on Pong x8
-(2 workers), each door, each build in a fresh process per round, the builds' order
-alternating. A check of ``ab_builds.py``'s ratios when the host is noisy: a ratio
+(or ``--workload cartpole16`` / ``halfcheetah16``; 2 workers), each door, each build in a
+fresh process per round, the builds' order alternating. A check of ``ab_builds.py``'s ratios when the host is noisy: a ratio
 against SyncVectorEnv moves with the serial run measured beside it, a step time only
 with the build.
 
@@ -24,19 +24,25 @@ CHILD = """
 import json, sys, time
 import numpy as np
 sys.path.insert(0, {here!r})
-from harness.envs import make_pong
+import functools
+from harness.envs import make_gym, make_pong
 import fastvec
 
-door, steps = sys.argv[1], int(sys.argv[2])
+door, steps, workload = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+fn, n = {{"pong8": (make_pong, 8), "cartpole16": (functools.partial(make_gym, "CartPole-v1"), 16),
+         "halfcheetah16": (functools.partial(make_gym, "HalfCheetah-v5"), 16)}}[workload]
 if door == "gym":
-    env = fastvec.AsyncVectorEnv([make_pong] * 8, num_workers=2)
+    env = fastvec.AsyncVectorEnv([fn] * n, num_workers=2)
     env.reset(seed=0)
 else:
-    env = fastvec.SubprocVecEnv([make_pong] * 8, num_workers=2)
+    env = fastvec.SubprocVecEnv([fn] * n, num_workers=2)
     env.seed(0)
     env.reset()
-rng = np.random.default_rng(0)
-acts = [rng.integers(0, 6, size=8) for _ in range(32)]
+env.action_space.seed(0)
+if door == "gym":
+    acts = [env.action_space.sample() for _ in range(32)]
+else:
+    acts = [np.stack([env.action_space.sample() for _ in range(n)]) for _ in range(32)]
 for i in range(100):  # warm-up: the waits learn the loop
     env.step(acts[i % 32])
 ts = []
@@ -49,11 +55,11 @@ print(json.dumps({{"fastvec": fastvec.__file__, "median_us": float(np.median(ts)
 """
 
 
-def step_time(build: str, door: str, steps: int) -> float:
+def step_time(build: str, door: str, steps: int, workload: str = "pong8") -> float:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(build))
     code = CHILD.format(here=HERE)
     proc = subprocess.run(
-        [sys.executable, "-c", code, door, str(steps)],
+        [sys.executable, "-c", code, door, str(steps), workload],
         env=env,
         cwd=tempfile.gettempdir(),  # outside both trees
         capture_output=True,
@@ -74,6 +80,7 @@ def main(argv=None) -> int:
     p.add_argument("--after", required=True, help="source tree of the second build (built in place)")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--steps", type=int, default=600, help="timed steps per measurement")
+    p.add_argument("--workload", default="pong8", choices=("pong8", "cartpole16", "halfcheetah16"))
     args = p.parse_args(argv)
     if args.rounds < 1 or args.steps < 1:
         p.error("--rounds and --steps must be positive")
@@ -82,7 +89,7 @@ def main(argv=None) -> int:
         order = ("before", "after") if r % 2 == 0 else ("after", "before")
         for name in order:
             for door in ("gym", "sb3"):
-                us = step_time(getattr(args, name), door, args.steps)
+                us = step_time(getattr(args, name), door, args.steps, args.workload)
                 got.setdefault((door, name), []).append(us)
                 print(f"round {r + 1}/{args.rounds} {name} {door}: {us:.0f} us", flush=True)
     print("\n| door | before, median us (range) | after | after / before |\n|---|---:|---:|---:|")

@@ -22,6 +22,7 @@ _LAZY = {
     "Engine": ("fastvec.engine", "Engine"),
     "AsyncVectorEnv": ("fastvec.doors.gymnasium", "AsyncVectorEnv"),
     "SubprocVecEnv": ("fastvec.doors.sb3", "SubprocVecEnv"),
+    "PlacementReport": ("fastvec._core.placement", "PlacementReport"),
 }
 
 __all__ = ["WorkerError", "ClosedError", "gae", "gae_from_dones", "vtrace", *_LAZY]

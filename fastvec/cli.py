@@ -1,4 +1,4 @@
-"""``fastvec`` command line: ``fastvec train``, ``fastvec eval``, ``fastvec bench``.
+"""``fastvec`` command line: ``fastvec train``, ``fastvec eval``, ``fastvec bench``, ``fastvec tune``.
 
 Each subcommand lives in its own module and is imported only when used, so that
 ``fastvec bench --help`` does not import torch.
@@ -12,6 +12,7 @@ _COMMANDS = {
     "train": ("fastvec.train.cli", "Train PPO on a gymnasium env with fastvec."),
     "eval": ("fastvec.train.cli", "Evaluate a checkpoint written by `fastvec train`."),
     "bench": ("fastvec.bench", "Env steps/s of fastvec against gymnasium's SyncVectorEnv on an env."),
+    "tune": ("fastvec.tune", "Time fastvec's layouts (workers, batches, placement) on an env; print the fastest."),
 }
 
 

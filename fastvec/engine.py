@@ -19,7 +19,6 @@ import pickle
 from collections.abc import Callable, Sequence
 from types import EllipsisType
 
-import cloudpickle
 import numpy as np
 
 from ._core import channel
@@ -31,6 +30,7 @@ from ._core.infotable import mask_full
 from ._core.layout import Ring, layout_of, leaves_of, pickled_arrays, plan_segment
 from ._core.pickled import PickledRows
 from ._core.pickling import pickle_payloads
+from ._core.placement import PlacementReport, as_ranges, balance, check_placement_args, contiguous
 from ._core.protocol import WaitResult
 from ._core.replies import TABLE_REPORT, WorkerReplies
 from ._core.shm import create_segment
@@ -55,23 +55,9 @@ _WAIT_DONE = WaitResult.DONE
 _WAIT_TIMEOUT = WaitResult.TIMEOUT
 
 
-def split_envs(num_envs: int, num_workers: int) -> list[tuple[int, int]]:
-    """Contiguous [start, stop) groups whose sizes differ by at most one."""
-    base, extra = divmod(num_envs, num_workers)
-    groups, start = [], 0
-    for w in range(num_workers):
-        stop = start + base + (1 if w < extra else 0)
-        groups.append((start, stop))
-        start = stop
-    return groups
-
-
-def whole_workers(groups: list[tuple[int, int]], a: int, b: int) -> np.ndarray:
-    """The workers (``groups[w]``: their envs) that run envs ``[a, b)`` and no others."""
-    ws = [w for w, (wa, wb) in enumerate(groups) if a <= wa and wb <= b]
-    if sum(groups[w][1] - groups[w][0] for w in ws) != b - a:
-        raise ValueError(f"envs [{a}, {b}) are not whole workers' envs (workers run {groups})")
-    return np.asarray(ws, dtype=np.intc)
+# How long each worker times its envs at start-up with placement="balanced" (seconds;
+# at least PROBE_ROUNDS steps of each env, fastvec._core.worker).
+PROBE_S = 0.2
 
 
 def batch_workers(num_workers: int | None, num_envs: int, batch_size: int, cores: int, mode: str = "groups") -> int:
@@ -121,8 +107,19 @@ class Engine(WorkerReplies, EngineBase):
         ``restart_on_error``, ``spin_us``, ``main_spin_us``); its fields may also be
         given as keywords.
     num_workers : int, optional
-        Worker processes; defaults to ``min(num_envs, cores)``. Envs ``[start, stop)``
-        of ``groups[w]`` run in worker ``w``.
+        Worker processes; defaults to ``min(num_envs, cores)`` (or the length of an
+        explicit ``placement``).
+    placement : "contiguous", "balanced" or a list of env index lists
+        Which envs each worker runs (``worker_envs[w]``); env ``i``'s results are at
+        index ``i`` whatever the placement. "contiguous" (default): runs of envs whose
+        sizes differ by at most one. "balanced": by cost, so that every worker's share
+        of a lock-step step costs about the same (``fastvec._core.placement.balance``);
+        the costs are ``env_costs`` when given, else each worker times throwaway
+        instances of its envs for about ``PROBE_S`` seconds at start-up. A list: one
+        list of env indices per worker, every env exactly once.
+    env_costs : sequence of float, optional
+        One relative cost per env (say, microseconds per step) for
+        ``placement="balanced"``, instead of the probe.
     """
 
     def __init__(
@@ -131,17 +128,25 @@ class Engine(WorkerReplies, EngineBase):
         options: EngineOptions | None = None,
         *,
         num_workers: int | None = None,
+        placement: str | Sequence[Sequence[int]] = "contiguous",
+        env_costs: Sequence[float] | None = None,
         **option_kwargs,
     ):
         self._closed = True  # until fully started
         self._take_options(EngineOptions(**option_kwargs) if options is None else options.replace(**option_kwargs))
         env_fns = check_env_fns(env_fns)
         num_envs = len(env_fns)
+        mode, given, costs, num_workers = check_placement_args(placement, env_costs, num_envs, num_workers)
         if num_workers is None:
             num_workers = default_num_workers(num_envs)
         num_workers = check_positive_int(num_workers, "num_workers")
         if num_workers > num_envs:
             raise ValueError(f"num_workers={num_workers} exceeds num_envs={num_envs}")
+        self.placement_mode = mode
+        self._placed_by = costs  # the costs a balanced placement was chosen from (probed: after the probe)
+        if given is None and costs is not None:
+            given = balance(costs, num_workers)
+        probe = mode == "balanced" and given is None and num_workers > 1
         opts = self.options
         # None: waits that learn the loop (csrc/fastvec/_core/forecast.pxd); a number: a fixed spin, then sleep.
         self.spin_us = opts.spin_us
@@ -150,37 +155,61 @@ class Engine(WorkerReplies, EngineBase):
         self.context = ctx.get_start_method()
         self.num_envs = num_envs
         self.num_workers = num_workers
-        self.groups = split_envs(num_envs, num_workers)
-        self._env_worker = np.repeat(np.arange(num_workers), [b - a for a, b in self.groups])
+        self._place(contiguous(num_envs, num_workers) if given is None else given)
         self.restarts: list[dict] = []  # one record per worker replaced
         self._sup = Supervisor(
             self,
             ctx,
-            [cloudpickle.dumps(list(env_fns[a:b])) for a, b in self.groups],
-            self.groups,
+            env_fns,
+            self.worker_envs,
             num_envs,
             _MODE_CODES[opts.autoreset_mode],
             opts.daemon,
         )
         self._finalizer = self._sup.finalizer
         try:
-            self._start()
+            self._start(probe)
         except BaseException:
             self._finalizer()
             raise
         self._closed = False
 
+    def _place(self, worker_envs: list[np.ndarray]) -> None:
+        """Worker w runs envs ``worker_envs[w]`` (sorted); ``groups``: their ``[start,
+        stop)`` runs when each worker's envs are one run in worker order (batches need
+        that), else None."""
+        self.worker_envs = worker_envs
+        self.groups = as_ranges(worker_envs)
+        self._env_worker = np.empty(self.num_envs, dtype=np.intp)
+        self._env_local = np.empty(self.num_envs, dtype=np.intp)
+        for w, envs in enumerate(worker_envs):
+            self._env_worker[envs] = w
+            self._env_local[envs] = np.arange(envs.size)
+
     # ------------------------------------------------------------------ start-up
-    def _start(self) -> None:
+    def _start(self, probe: bool) -> None:
         self._all_workers = np.arange(self.num_workers, dtype=np.intc)
         for w in range(self.num_workers):
-            self._sup.spawn(w)
+            self._sup.spawn(w, PROBE_S if probe else 0.0)
+        if probe:  # Phase 0: time the envs, place them by cost, then build them.
+            costs = self._read_replies(range(self.num_workers), "timing the envs (placement probe)")
+            env_ns = np.empty(self.num_envs)
+            for w, envs in enumerate(self.worker_envs):
+                env_ns[envs] = costs[w]
+            self._placed_by = env_ns / 1e3
+            self._place(balance(self._placed_by, self.num_workers))
+            self._sup.place(self.worker_envs)
+            for w in range(self.num_workers):
+                self._sup.build(w)
 
         # Phase 1: every worker builds its envs and reports their spaces.
         replies = self._read_replies(range(self.num_workers), "starting")
-        per_env = [entry for w in range(self.num_workers) for entry in replies[w]]
+        per_env: list = [None] * self.num_envs
+        for w, envs in enumerate(self.worker_envs):
+            for i, entry in zip(envs, replies[w]):
+                per_env[i] = entry
         obs_space, act_space, metadata, render_mode, spec = per_env[0]
-        self._check_spaces(per_env, obs_space, act_space, 0)
+        self._check_spaces(per_env, obs_space, act_space, range(self.num_envs))
         self.env_observation_spaces = [entry[0] for entry in per_env]
         self.single_observation_space = obs_space
         self.single_action_space = act_space
@@ -207,7 +236,8 @@ class Engine(WorkerReplies, EngineBase):
         self._bind_ring(arrays)
         self._pickled = PickledRows.of(Ring.of(arrays), self.obs_leaves_info, self.act_leaves_info)
         self._pickled_actions = self._pickled is not None and bool(self._pickled.act)
-        self._table = InfoTable(arrays["info_table"], arrays["info_mask"], self.groups, P.INFO_COLS)
+        self._table = InfoTable(arrays["info_table"], arrays["info_mask"], self.worker_envs, P.INFO_COLS)
+        self._env_cost = arrays["env_cost"]
         # step()'s action fast path: one plain leaf with a compiled bounds check.
         writer = self._action_writer
         self._fast_action = None if writer.nested or writer.checks[0].fast is None else writer.checks[0]
@@ -223,9 +253,10 @@ class Engine(WorkerReplies, EngineBase):
     def _read_replies(self, workers, doing: str) -> dict:
         return self._decode(self._sup.read_replies(workers, self.options.start_timeout, doing, self._fail), doing)
 
-    def _check_spaces(self, per_env, obs_space, act_space, first: int) -> None:
+    def _check_spaces(self, per_env, obs_space, act_space, indices) -> None:
+        """Every env's spaces (``per_env``, those of envs ``indices``) against env 0's."""
         layout = self.options.space_check == "layout"
-        for i, (o, a, *_rest) in enumerate(per_env, start=first):
+        for i, (o, a, *_rest) in zip(indices, per_env):
             for what, mine, want in (("observation", o, obs_space), ("action", a, act_space)):
                 lax = layout and what == "observation"
                 if lax and (mine_layout := layout_of(mine)) is not None and mine_layout == layout_of(want):
@@ -254,18 +285,18 @@ class Engine(WorkerReplies, EngineBase):
         self._ctl.forget(w)
         self._table.forget(w)
         replies = self._read_replies([w], "restarting")
-        self._check_spaces(replies[w], self.single_observation_space, self.single_action_space, self.groups[w][0])
+        envs = self.worker_envs[w]
+        self._check_spaces(replies[w], self.single_observation_space, self.single_action_space, envs)
         self._attach([w])
-        a, b = self.groups[w]
-        self._send_commands(P.CMD_RESET, slot, {w: [(j, {}) for j in range(b - a)]})
+        self._send_commands(P.CMD_RESET, slot, {w: [(j, {}) for j in range(envs.size)]})
         recs = self._reset_infos(w, slot, self._gather([w], self.step_timeout, "resetting restarted envs")[w])
-        return {a + j: info for j, info in recs}
+        return {int(envs[j]): info for j, info in recs}
 
     def _reset_infos(self, w: int, slot: int, reply) -> list:
         """A reset reply's ``[(local env, info)]``, its pickled rows written into ``slot``."""
         if self._pickled is None:
             return reply
-        return self._pickled.take_reset(slot, self.groups[w][0], reply)
+        return self._pickled.take_reset(slot, self.worker_envs[w], reply)
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -289,15 +320,30 @@ class Engine(WorkerReplies, EngineBase):
             "workers": workers,
         }
 
+    def placement_report(self) -> PlacementReport:
+        """Which envs each worker runs and what they cost per step, measured in the
+        workers' step loop since start-up (``fastvec._core.placement``)."""
+        if self._closed:
+            raise ClosedError("this vector env is closed")
+        ns, steps = self._env_cost[:, 0].astype(np.float64), self._env_cost[:, 1]
+        env_us = np.where(steps > 0, ns / np.maximum(steps, 1) / 1e3, np.nan)
+        return PlacementReport(
+            workers=tuple(tuple(int(i) for i in envs) for envs in self.worker_envs),
+            env_us=tuple(float(x) for x in env_us),
+            share_us=tuple(float(np.nansum(env_us[envs])) for envs in self.worker_envs),
+            mode=self.placement_mode,
+            probe_us=None if self._placed_by is None else tuple(float(x) for x in self._placed_by),
+        )
+
+    def envs_of(self, w: int) -> np.ndarray:
+        return self.worker_envs[w]
+
     def _unit(self, w: int) -> str:
         return f"worker {w}"
 
     def _fail(self, w: int, message: str, **extra) -> WorkerError:
         self._broken = message
-        return WorkerError(message, worker=w, env_indices=range(*self.groups[w]), **extra)
-
-    def workers_of(self, a: int, b: int) -> np.ndarray:
-        return whole_workers(self.groups, a, b)
+        return WorkerError(message, worker=w, env_indices=self.worker_envs[w].tolist(), **extra)
 
     # ------------------------------------------------------------------ stepping
     def _dispatch(self, slot: int) -> None:
@@ -382,7 +428,7 @@ class Engine(WorkerReplies, EngineBase):
         """A step whose actions have pickled leaves: each worker's rows go with its command."""
         rows = self._pickled
         assert rows is not None  # actions with pickled leaves have pickled rows
-        self._send_commands(P.CMD_STEP, slot, {int(w): rows.action_rows(slot, *self.groups[w]) for w in workers})
+        self._send_commands(P.CMD_STEP, slot, {int(w): rows.action_rows(slot, self.worker_envs[w]) for w in workers})
 
     def group_poll(self, workers: np.ndarray, timeout: float) -> bool:
         """Whether ``workers``' step in flight is done (or failed) within ``timeout``."""
@@ -445,20 +491,20 @@ class Engine(WorkerReplies, EngineBase):
         for w, report in reports.items():
             if report is None:
                 continue
-            start = self.groups[w][0]
+            envs = self.worker_envs[w]
             if report[0] == "objs":  # pickled observation leaves, then the records (or None)
                 assert self._pickled is not None  # only workers with pickled leaves send "objs"
-                body = self._pickled.take_step(slot, start, report)
+                body = self._pickled.take_step(slot, envs, report)
                 if body is not None:
-                    records += [(start + j, step_info, reset_info) for j, step_info, reset_info in body]
+                    records += [(int(envs[j]), step_info, reset_info) for j, step_info, reset_info in body]
                 continue
             kind, body = report
             if kind == "table":
-                parts.append((0, self._table.worker_columns(w, slot)))
+                parts.append((None, self._table.worker_columns(w, slot)))
             elif kind == "cols":
-                parts.append((start, body))
+                parts.append((envs, body))
             else:
-                records += [(start + j, step_info, reset_info) for j, step_info, reset_info in body]
+                records += [(int(envs[j]), step_info, reset_info) for j, step_info, reset_info in body]
         columns, records = join_parts(parts, records)
         return StepResult(self, slot, columns=columns, records=records)
 
@@ -472,8 +518,7 @@ class Engine(WorkerReplies, EngineBase):
         self._check_usable()
         targets: dict[int, list] = {}
         for i, kwargs in kwargs_per_env.items():
-            w = int(self._env_worker[i])
-            targets.setdefault(w, []).append((i - self.groups[w][0], kwargs))
+            targets.setdefault(int(self._env_worker[i]), []).append((int(self._env_local[i]), kwargs))
         self._send_commands(P.CMD_RESET, slot, targets)
         self._pending_cmd = ("reset", slot, sorted(targets))
 
@@ -482,9 +527,9 @@ class Engine(WorkerReplies, EngineBase):
         replies = self._gather(workers, self.step_timeout if timeout is ... else timeout, "resetting")
         infos = {}
         for w, recs in replies.items():
-            start = self.groups[w][0]
+            envs = self.worker_envs[w]
             for j, info in self._reset_infos(w, slot, recs):
-                infos[start + j] = info
+                infos[int(envs[j])] = info
         self._last_slot = slot
         return infos
 
@@ -494,8 +539,8 @@ class Engine(WorkerReplies, EngineBase):
         indices = self.normalize_indices(indices)
         targets: dict[int, list] = {}
         for n, i in enumerate(indices):
-            w = int(self._env_worker[i])
-            targets.setdefault(w, []).append((i - self.groups[w][0], None if values is None else values[n]))
+            value = None if values is None else values[n]
+            targets.setdefault(int(self._env_worker[i]), []).append((int(self._env_local[i]), value))
         per_worker = {w: (kind, name, tuple(args), dict(kwargs or {}), t) for w, t in targets.items()}
         self._send_commands(P.CMD_CALL, 0, per_worker)
         self._pending_cmd = ("call", indices, sorted(targets), f"{kind}({name!r})")

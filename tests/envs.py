@@ -8,6 +8,8 @@ reference and any start method can rebuild them.
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -442,3 +444,32 @@ class FlatInfoEnv(gym.Env):
         terminated = bool(rng.random() < 0.03)
         truncated = self._t >= 40
         return x, float(action) * 0.5, terminated, truncated, info
+
+
+class CostEnv(gym.Env):
+    """A step that costs ``cost_us`` microseconds of busy CPU (a per-instance setting,
+    as mixed tasks or physics settings make envs differ in cost); episodes of
+    ``episode_len`` steps, observations that count them."""
+
+    observation_space = spaces.Box(-np.inf, np.inf, (2,), np.float64)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, cost_us: float = 100.0, episode_len: int = 50, fail_in_step: bool = False):
+        self.cost_us = float(cost_us)
+        self.episode_len = int(episode_len)
+        self.fail_in_step = fail_in_step
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0, self.np_random.normal()]), {}
+
+    def step(self, action):
+        if self.fail_in_step:
+            raise RuntimeError("this env cannot step")
+        end = time.perf_counter() + self.cost_us * 1e-6
+        while time.perf_counter() < end:
+            pass
+        self.t += 1
+        return np.array([float(self.t), float(action)]), 1.0, False, self.t >= self.episode_len, {}

@@ -446,3 +446,40 @@ def test_presets_page_from_saved_runs(tmp_path):
     assert (tmp_path / "docs" / "results" / "Hopper-v5.png").stat().st_size > 0
     with pytest.raises(SystemExit):
         presets_page.main([str(tmp_path / "docs" / "results"), "--out", str(out)])
+
+
+def test_placement_benchmark_measures_and_reports(tmp_path, capsys):
+    import bench_placement
+
+    out = tmp_path / "placement"
+    argv = ["--rounds", "1", "--only", "uneven", "--policies", "none", "--steps-scale", "0.02", "--out", str(out)]
+    assert bench_placement.main(argv) == 0
+    runs = json.loads((out / "placement.json").read_text())["runs"]
+    assert set(runs) == {"none/uneven/sync", "none/uneven/contiguous", "none/uneven/balanced"}
+    assert runs["none/uneven/contiguous"][0]["placement"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    balanced = runs["none/uneven/balanced"][0]["placement"]
+    assert [sorted(i < 4 for i in w) for w in balanced] == [[False, False, True, True]] * 2
+    assert runs["none/uneven/sync"][0]["placement"] is None
+    table = (out / "placement.md").read_text()
+    assert "| none | uneven | balanced |" in table and "1.00 (1.00-1.00)" in table
+
+
+def test_tune_benchmark_ratios_are_per_round():
+    import bench_tune
+
+    meta = {"command": "x", "cpu": "cpu", "cores": 2, "date": "d", "seconds": 1}
+    picks = {"pong8/0": {"chosen": "2/groups/4/contiguous", "runner_up": "2/None/None/contiguous"}}
+    sps = {
+        "pong8/0": {
+            "2/None/None/contiguous": [100.0, 200.0],
+            "2/groups/4/contiguous": [90.0, 220.0],
+            "1/None/None/contiguous": [50.0, 60.0],
+        }
+    }
+    table = bench_tune.render(meta, picks, sps, rounds=2)
+    # round 1: the pick 90 of the best 100 (0.90), of the default 100; round 2: the pick is the best (1.00), 1.10 of the default
+    assert (
+        "| pong8 | 0 | 2 workers, batches of 4 (groups) (2 workers, lock-step) | 0.95 (0.90-1.00) | 1.00 (0.90-1.10) |"
+        in table
+    )
+    assert [layout.num_workers for layout in bench_tune.grid(8, 2) if layout.batch_mode is None] == [1, 2, 3, 4]

@@ -6,9 +6,13 @@
   noop_max=30)`` and ``FrameStackObservation(4)``: the usual DQN/PPO Atari stack.
 - :class:`LargeObsEnv`: a synthetic env with trivial dynamics and a large observation
   (1 MiB float32 by default), so that moving observations between processes dominates.
+- :class:`BusyEnv`: a synthetic env whose step costs a set number of microseconds of
+  CPU, per instance (``bench_placement.py``: envs of uneven cost).
 """
 
 from __future__ import annotations
+
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -81,3 +85,31 @@ class LargeObsEnv(gym.Env):
 
 def make_large_obs(obs_shape=(256, 1024), dtype="float32", episode_len=200):
     return LargeObsEnv(obs_shape=obs_shape, dtype=dtype, episode_len=episode_len)
+
+
+class BusyEnv(gym.Env):
+    """An env whose step burns ``step_us`` microseconds of CPU (set per instance: the
+    uneven costs of mixed tasks, settings or levels), with a 4-float observation and
+    episodes of ``episode_len`` steps."""
+
+    metadata = {"render_modes": []}
+    observation_space = spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, step_us: float = 250.0, episode_len: int = 200):
+        self.step_us = float(step_us)
+        self.episode_len = int(episode_len)
+        self._t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        until = time.perf_counter_ns() + int(self.step_us * 1e3)
+        while time.perf_counter_ns() < until:
+            pass
+        self._t += 1
+        obs = np.full(4, self._t, np.float32)
+        return obs, 0.0, False, self._t >= self.episode_len, {}

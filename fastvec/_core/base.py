@@ -29,6 +29,7 @@ from gymnasium import spaces
 from ..errors import ClosedError, WorkerError
 from .infos import StepResult, columns_to_records
 from .layout import OBJECT, Ring, build_nested, leaf_batch, leaf_value, readonly_view
+from .placement import envs_text, whole_workers
 
 
 class _InSlot:
@@ -185,8 +186,8 @@ class EngineBase:
     def _restart_group(self, w: int, slot: int, exc: WorkerError) -> list:
         """Replace failed group ``w``; its envs end their episode in ``slot``, truncated,
         with the observation their previous slot held as the final one."""
-        a, b = self.groups[w]
-        previous = [buf[self._last_slot, a:b].copy() for buf in self.obs_bufs]
+        envs = self.envs_of(w)
+        previous = [buf[self._last_slot, envs] for buf in self.obs_bufs]  # copies (fancy indexing)
         unit = self._unit(w)
         try:
             reset_infos = self._replace(w, slot)
@@ -196,23 +197,32 @@ class EngineBase:
                 raise again from exc
             raise
         warnings.warn(
-            f"{self._log_prefix}: {exc}; restarted {self._unit(w)} and reset envs {a}..{b - 1}",
+            f"{self._log_prefix}: {exc}; restarted {self._unit(w)} and reset envs {envs_text(envs)}",
             RuntimeWarning,
             stacklevel=5,
         )
-        self.restarts.append({**self._restart_record(w), "envs": list(range(a, b)), "error": str(exc)})
-        self.rewards[slot, a:b] = 0.0
-        self.terminated[slot, a:b] = False
-        self.truncated[slot, a:b] = True
+        self.restarts.append({**self._restart_record(w), "envs": envs.tolist(), "error": str(exc)})
+        self.rewards[slot, envs] = 0.0
+        self.terminated[slot, envs] = False
+        self.truncated[slot, envs] = True
         for final, prev in zip(self.final_bufs, previous):
-            final[slot, a:b] = prev
+            final[slot, envs] = prev
         if self._final_pytype is not None:
-            self._final_pytype[slot, a:b] = 0  # their types are not known: numpy integers
+            self._final_pytype[slot, envs] = 0  # their types are not known: numpy integers
         info = {"fastvec_restarted": True, "fastvec_error": str(exc)}
-        return [(i, dict(info), reset_infos.get(i, {})) for i in range(a, b)]
+        return [(i, dict(info), reset_infos.get(i, {})) for i in envs.tolist()]
 
     def _restart_record(self, w: int) -> dict:
         return {"worker": w}
+
+    def envs_of(self, w: int) -> np.ndarray:
+        """The indices of group ``w``'s envs (a contiguous run here; ``Engine``'s workers
+        may run any set, ``fastvec._core.placement``)."""
+        return np.arange(*self.groups[w])
+
+    def workers_of(self, a: int, b: int) -> np.ndarray:
+        """The groups that run envs ``[a, b)`` and no others (batches step whole groups)."""
+        return whole_workers([self.envs_of(w) for w in range(self.num_workers)], a, b)
 
     # ------------------------------------------------------------------ envs and views
     def normalize_indices(self, indices) -> list[int]:

@@ -63,11 +63,23 @@ def encode_columns(records: list) -> dict | None:
     return {key: (kind, idx, values) for key, (kind, _p, idx, values) in columns.items()}
 
 
-def merge_columns(parts: list[tuple[int, dict]]) -> dict | None:
-    """Join workers' columns (indices as lists) ``[(env_offset, columns), ...]`` into global ones, keeping
-    keys in order of first appearance; None if a key has two types across workers."""
+def _global(where, idx) -> list:
+    """A part's env indices made global. ``where``: None or 0 (already global), an int
+    offset (a contiguous run from there) or an index array (local env j is ``where[j]``:
+    a worker's envs, ``fastvec._core.placement``)."""
+    if where is None or (type(where) is int and where == 0):
+        return idx if type(idx) is list else list(idx)
+    if type(where) is int:
+        return [i + where for i in idx]
+    return where[list(idx)].tolist()
+
+
+def merge_columns(parts: list[tuple]) -> dict | None:
+    """Join workers' columns (indices as lists) ``[(where, columns), ...]`` (``where`` as
+    in ``_global``) into global ones, each in env order, keeping keys in order of first
+    appearance; None if a key has two types across workers."""
     merged: dict = {}
-    for offset, cols in parts:
+    for where, cols in parts:
         for key, (kind, idx, values) in cols.items():
             if idx is None:  # every env of that part, values an array
                 idx = range(len(values))
@@ -77,8 +89,12 @@ def merge_columns(parts: list[tuple[int, dict]]) -> dict | None:
                 merged[key] = col = (kind, [], [])
             elif col[0] is not kind:
                 return None
-            col[1].extend(idx if offset == 0 else [i + offset for i in idx])
+            col[1].extend(_global(where, idx))
             col[2].extend(values)
+    for key, (kind, idx, values) in merged.items():
+        if any(a > b for a, b in zip(idx, idx[1:])):  # envs of workers that interleave
+            order = sorted(range(len(idx)), key=idx.__getitem__)
+            merged[key] = (kind, [idx[k] for k in order], [values[k] for k in order])
     return merged
 
 
@@ -108,18 +124,20 @@ def with_quiet_ends(records: list, ended: np.ndarray) -> list:
     return sorted(list(records) + extra, key=lambda rec: rec[0])
 
 
-def join_parts(parts: list[tuple[int, dict]], records: list) -> tuple:
+def join_parts(parts: list[tuple], records: list) -> tuple:
     """A step's reports from several workers (or actors) -> ``(columns, None)`` when every
     part is columns of one type per key, else ``(None, records)`` in env order.
-    ``parts``: ``[(env_offset, columns), ...]``; ``records`` (global indices) or [] when
-    every part sent columns."""
+    ``parts``: ``[(where, columns), ...]`` (``where`` as in ``_global``); ``records``
+    (global indices) or [] when every part sent columns."""
     if not records:
         columns = merge_columns(parts)
         if columns is not None:
             return columns, None
     records = list(records)
-    for start, cols in parts:
-        records += [(start + i, info, r) for i, info, r in columns_to_records(cols)]
+    for where, cols in parts:
+        recs = columns_to_records(cols)
+        envs = _global(where, [i for i, _info, _r in recs])
+        records += [(i, info, r) for i, (_j, info, r) in zip(envs, recs)]
     records.sort(key=lambda rec: rec[0])
     return None, records
 
@@ -231,13 +249,13 @@ class InfoTable:
     worker has told it about (a worker's columns only grow: it sends the whole list,
     old columns first, whenever a new key appears)."""
 
-    def __init__(self, info_f: np.ndarray, info_mask: np.ndarray, groups: list, max_cols: int):
+    def __init__(self, info_f: np.ndarray, info_mask: np.ndarray, worker_envs: list, max_cols: int):
         self.info_f = info_f  # [slot, env, col] float64 cells
         self.info_i = info_f.view(np.int64)  # the same cells, read as int64
         self.mask = info_mask  # [slot, env] uint16: which cells an env set this step
-        self.groups = groups
+        self.worker_envs = worker_envs  # per worker, the (sorted) indices of its envs
         self.max_cols = max_cols
-        self.schemas: list[list] = [[] for _ in groups]  # per worker: [(key, type, is_int)]
+        self.schemas: list[list] = [[] for _ in worker_envs]  # per worker: [(key, type, is_int)]
         self.uniform: list | None = None  # the schema every worker has, when they agree
         self._set(0, [])
 
@@ -278,17 +296,17 @@ class InfoTable:
 
     def worker_columns(self, w: int, slot: int) -> dict:
         """Worker w's infos of ``slot``, as columns with global env indices."""
-        a, b = self.groups[w]
-        masks = self.mask[slot, a:b]
+        envs = self.worker_envs[w]
+        masks = self.mask[slot, envs]
         cols = {}
         for c, (key, kind, is_int) in enumerate(self.schemas[w]):
             present = (masks & (1 << c)) != 0
             table = self.info_i if is_int else self.info_f
             if present.all():
-                cols[key] = (kind, list(range(a, b)), table[slot, a:b, c].tolist())
+                cols[key] = (kind, envs.tolist(), table[slot, envs, c].tolist())
             elif present.any():
-                sel = np.flatnonzero(present)
-                cols[key] = (kind, (sel + a).tolist(), table[slot, a + sel, c].tolist())
+                sel = envs[present]
+                cols[key] = (kind, sel.tolist(), table[slot, sel, c].tolist())
         return cols
 
     def general(self, slot: int, mask_full) -> tuple:
@@ -303,4 +321,4 @@ class InfoTable:
             return {
                 key: (kind, None, block_i[c] if is_int else block_f[c]) for c, (key, kind, is_int) in enumerate(schema)
             }, None
-        return join_parts([(0, self.worker_columns(w, slot)) for w in range(len(self.groups))], [])
+        return join_parts([(None, self.worker_columns(w, slot)) for w in range(len(self.worker_envs))], [])

@@ -178,11 +178,14 @@ def plan_segment(
     obs_space, act_space, num_slots: int, num_envs: int, num_workers: int = 0, ctl_cols: int = 0, info_cols: int = 0
 ) -> SegmentPlan:
     """Lay out the ring (observations, final observations, actions, rewards, flags),
-    after the control block of ``num_workers`` workers (none when 0) and before the info
-    table (``info_cols`` numeric info cells per env and slot; none when 0)."""
+    after the control block of ``num_workers`` workers and each env's measured cost
+    (none when 0) and before the info table (``info_cols`` numeric info cells per env
+    and slot; none when 0)."""
     plan = SegmentPlan()
     if num_workers:
         plan.add("ctl", (num_workers + 1, ctl_cols), np.int64)
+        # per env: [nanoseconds, steps] in its worker's step loop (fastvec._core.placement)
+        plan.add("env_cost", (num_envs, 2), np.int64)
     for i, leaf in enumerate(leaves_of(obs_space, pickled=True)):
         if not leaf.pickled:
             plan.add(f"obs{i}", (num_slots, num_envs) + leaf.shape, leaf.dtype)

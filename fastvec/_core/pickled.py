@@ -39,46 +39,48 @@ class PickledRows:
             return None
         return cls(ring.obs, ring.final, ring.act, obs_leaves, act_leaves)
 
+    # ``envs`` below: a worker's env indices (``fastvec._core.placement``); local env
+    # ``j`` is env ``envs[j]``.
     # ------------------------------------------------------------ actions
-    def action_rows(self, slot: int, a: int, b: int) -> list:
-        """Envs ``[a, b)``'s values of every pickled action leaf in ``slot``."""
-        return [buf[slot, a:b].tolist() for buf in self.act]
+    def action_rows(self, slot: int, envs) -> list:
+        """Those envs' values of every pickled action leaf in ``slot``."""
+        return [buf[slot, envs].tolist() for buf in self.act]
 
-    def put_actions(self, slot: int, a: int, rows: list) -> None:
+    def put_actions(self, slot: int, envs, rows: list) -> None:
         for buf, row in zip(self.act, rows):
             for j, value in enumerate(row):
-                buf[slot, a + j] = value
+                buf[slot, envs[j]] = value
 
     # ------------------------------------------------------------ observations (worker)
-    def step_report(self, slot: int, a: int, b: int, records, ended) -> bytes:
+    def step_report(self, slot: int, envs, records, ended) -> bytes:
         """A step's reply; ``ended``: local indices whose final observation was kept."""
-        rows = [buf[slot, a:b].tolist() for buf in self.obs]
-        finals = [(j, [buf[slot, a + j] for buf in self.final]) for j in ended]
+        rows = [buf[slot, envs].tolist() for buf in self.obs]
+        finals = [(j, [buf[slot, envs[j]] for buf in self.final]) for j in ended]
         try:
             return dumps((TAG, rows, finals, records))
         except Exception as exc:
             raise InfoPicklingError(f"the observations or infos of this step could not be pickled: {exc}") from exc
 
-    def reset_report(self, slot: int, a: int, js, infos):
+    def reset_report(self, slot: int, envs, js, infos):
         """What a reset replies (pickled by the caller)."""
-        return (TAG, [(j, [buf[slot, a + j] for buf in self.obs]) for j in js], infos)
+        return (TAG, [(j, [buf[slot, envs[j]] for buf in self.obs]) for j in js], infos)
 
     # ------------------------------------------------------------ observations (parent)
-    def take_step(self, slot: int, a: int, report):
+    def take_step(self, slot: int, envs, report):
         """Write a step reply's pickled rows; return its records (or None)."""
         _tag, rows, finals, records = report
         for buf, row in zip(self.obs, rows):
             for j, value in enumerate(row):
-                buf[slot, a + j] = value
+                buf[slot, envs[j]] = value
         for j, values in finals:
             for buf, value in zip(self.final, values):
-                buf[slot, a + j] = value
+                buf[slot, envs[j]] = value
         return records
 
-    def take_reset(self, slot: int, a: int, reply):
+    def take_reset(self, slot: int, envs, reply):
         """Write a reset reply's pickled rows; return its infos."""
         _tag, rows, infos = reply
         for j, values in rows:
             for buf, value in zip(self.obs, values):
-                buf[slot, a + j] = value
+                buf[slot, envs[j]] = value
         return infos

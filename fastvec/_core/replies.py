@@ -60,7 +60,7 @@ class WorkerReplies:
         describe = self._sup.describe
 
         def fail(w, message):
-            failures[w] = (WorkerError(message, worker=w, env_indices=range(*self.groups[w])), True)
+            failures[w] = (WorkerError(message, worker=w, env_indices=self.envs_of(w).tolist()), True)
 
         try:
             while pending:
@@ -153,7 +153,7 @@ class WorkerReplies:
                 f"{where} raised {info['exc_type']}: {info['message']} (during {info['during']}, in {describe(w)})",
                 cause_class=load_cause_class(info.get("exc_class")),
                 worker=w,
-                env_indices=range(*self.groups[w]),
+                env_indices=self.envs_of(w).tolist(),
                 env_index=idx,
                 exc_type=info["exc_type"],
                 exc_message=info["message"],

@@ -8,13 +8,17 @@ exits. A worker that does not (an env stuck in a step) gets SIGTERM, then SIGKIL
 from __future__ import annotations
 
 import os
+import pickle
 import time
 import weakref
 from multiprocessing.connection import wait
 
+import cloudpickle
 import numpy as np
 
 from . import channel
+from . import protocol as P
+from .placement import envs_text
 from .shm import release_segment
 from .worker import worker_main
 
@@ -54,31 +58,37 @@ def shutdown(procs, conns, segment_box, grace: float) -> None:
 
 
 class Supervisor:
-    """The worker processes of one engine. ``groups[w]`` is the ``[start, stop)`` of the
-    envs worker ``w`` runs; ``fds`` (an int array the doorbells read in place) holds
-    the parent's end of each worker's socket."""
+    """The worker processes of one engine. ``placement[w]`` holds the indices of the
+    envs worker ``w`` runs (``fastvec._core.placement``); ``fds`` (an int array the
+    doorbells read in place) holds the parent's end of each worker's socket."""
 
-    def __init__(self, owner, ctx, env_blobs: list, groups: list, num_envs: int, mode: int, daemon: bool = True):
+    def __init__(self, owner, ctx, env_fns: list, placement: list, num_envs: int, mode: int, daemon: bool = True):
         self.ctx = ctx
         self.daemon = daemon
-        self.blobs = env_blobs
-        self.groups = groups
+        self.env_fns = env_fns
         self.num_envs = num_envs
         self.mode = mode
-        n = len(groups)
+        self.place(placement)
+        n = len(placement)
         self.procs: list = [None] * n
         self.conns: list = [None] * n
         self.fds = np.full(n, -1, dtype=np.intc)
         self.segment_box: list = []  # the segment, once created, so the finalizer frees it
         self.finalizer = weakref.finalize(owner, shutdown, self.procs, self.conns, self.segment_box, CLOSE_GRACE_S)
 
+    def place(self, placement: list) -> None:
+        """Worker w runs envs ``placement[w]``: their factories, pickled once per worker
+        (a closure the envs share travels once per worker, not once per env)."""
+        self.placement = placement
+        self.blobs = [cloudpickle.dumps([self.env_fns[i] for i in envs]) for envs in placement]
+
     @property
     def pids(self) -> list[int]:
         return [int(p.pid) for p in self.procs]
 
-    def spawn(self, w: int) -> None:
-        """Start the process of worker w (again, after a failure)."""
-        start, _stop = self.groups[w]
+    def spawn(self, w: int, probe_s: float = 0.0) -> None:
+        """Start the process of worker w (again, after a failure); ``probe_s > 0``: it
+        first times its envs on throwaway instances and waits for ``build`` (a probe)."""
         parent, child = self.ctx.Pipe(duplex=True)
         # With fork the child inherits every socket of ours; it closes all but its own.
         close_fds = (
@@ -88,7 +98,17 @@ class Supervisor:
         )
         proc = self.ctx.Process(
             target=worker_main,
-            args=(w, child, self.blobs[w], start, self.num_envs, self.mode, os.getpid(), close_fds),
+            args=(
+                w,
+                child,
+                self.blobs[w],
+                self.placement[w],
+                self.num_envs,
+                self.mode,
+                os.getpid(),
+                close_fds,
+                probe_s,
+            ),
             name=f"fastvec-worker-{w}",
             # daemonic: multiprocessing ends it at exit, but it may not start processes
             # of its own; either way it watches its parent and exits with it.
@@ -101,6 +121,11 @@ class Supervisor:
         self.conns[w] = parent
         self.procs[w] = proc
         self.fds[w] = parent.fileno()  # in place: the Controller reads this array
+
+    def build(self, w: int) -> None:
+        """After a probe: tell worker w which envs to build (``place`` first)."""
+        payload = pickle.dumps((self.placement[w], self.blobs[w]), protocol=pickle.HIGHEST_PROTOCOL)
+        channel.send_header(int(self.fds[w]), P.CMD_BUILD, 0, 0, payload)
 
     def stop(self, w: int) -> None:
         """End worker w's process (it failed) and close its socket."""
@@ -119,9 +144,8 @@ class Supervisor:
         proc.close()
 
     def describe(self, w: int) -> str:
-        a, b = self.groups[w]
         pid = self.procs[w].pid if self.procs[w] is not None else None
-        return f"worker {w} (pid {pid}, envs {a}..{b - 1})"
+        return f"worker {w} (pid {pid}, envs {envs_text(self.placement[w])})"
 
     def death_message(self, w: int, doing: str) -> str:
         proc = self.procs[w]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -99,7 +100,55 @@ def _do_call(env, kind: str, name, args, kwargs, value):
     raise ValueError(f"unknown call kind {kind!r}")
 
 
-def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_fds):
+def _probe(fd, fns, rows, seconds: float) -> list | None:
+    """Time throwaway instances of envs ``rows`` (built by ``fns``): reset, then step on
+    random actions (resetting at episode ends) for at least ``PROBE_ROUNDS`` rounds and
+    about ``seconds``; close them. Returns each env's mean nanoseconds per step without
+    its slowest tenth (a step the OS preempted says nothing of the env), or None after
+    sending the error of an env that failed."""
+    envs: list = []
+    j = 0
+    during = "env creation (placement probe)"
+    try:
+        for j in range(len(fns)):  # j names the env in an error report
+            envs.append(fns[j]())
+        during = "reset (placement probe)"
+        for j in range(len(envs)):
+            envs[j].reset()
+        during = "step (placement probe)"
+        times: list[list[int]] = [[] for _ in envs]
+        deadline = time.perf_counter_ns() + int(seconds * 1e9)
+        rounds = 0
+        while rounds < PROBE_ROUNDS or (rounds < PROBE_MAX_ROUNDS and time.perf_counter_ns() < deadline):
+            for j, env in enumerate(envs):
+                t0 = time.perf_counter_ns()
+                _obs, _rew, term, trunc, _info = env.step(env.action_space.sample())
+                if term or trunc:
+                    env.reset()
+                times[j].append(time.perf_counter_ns() - t0)
+            rounds += 1
+    except BaseException as exc:
+        channel.send_header(fd, P.REPLY_ERROR, 0, 0, _error_payload(exc, int(rows[j]), during))
+        return None
+    finally:
+        for env in envs:
+            try:
+                env.close()
+            except Exception:
+                pass
+    return [statistics.fmean(sorted(t)[: max(1, len(t) - len(t) // 10)]) for t in times]
+
+
+# A probe steps each env at least this many times, and at most PROBE_MAX_ROUNDS.
+PROBE_ROUNDS = 4
+PROBE_MAX_ROUNDS = 2000
+
+
+def worker_main(index, conn, fns_blob, rows, num_envs, mode, main_pid, close_fds, probe_s=0.0):
+    """Worker ``index``: build envs ``rows`` (their factories pickled in ``fns_blob``),
+    attach the segment, serve. With ``probe_s > 0`` the envs in ``rows`` are first timed
+    on throwaway instances (``_probe``); the parent then sends ``CMD_BUILD`` with the
+    envs this worker runs (``fastvec._core.placement``)."""
     # Ctrl-C goes to the whole process group; the parent decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for fd in close_fds:  # fork: parent ends of other workers' sockets
@@ -113,12 +162,21 @@ def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_f
     envs = []
     segment = stepper = arrays = None
     try:
+        if probe_s > 0:
+            costs = _probe(fd, cloudpickle.loads(fns_blob), rows, probe_s)
+            if costs is None:
+                return
+            channel.send_header(fd, P.REPLY_RESULT, 0, 0, pickle.dumps(costs))
+            cmd, _, _, n = channel.recv_header(fd)
+            if cmd != P.CMD_BUILD:
+                raise ValueError(f"expected the envs to build after a probe, got command {cmd}")
+            rows, fns_blob = pickle.loads(channel.recv_payload(fd, n))
         fns = cloudpickle.loads(fns_blob)
         for j, fn in enumerate(fns):
             try:
                 envs.append(fn())
             except BaseException as exc:
-                channel.send_header(fd, P.REPLY_ERROR, 0, 0, _error_payload(exc, offset + j, "env creation"))
+                channel.send_header(fd, P.REPLY_ERROR, 0, 0, _error_payload(exc, int(rows[j]), "env creation"))
                 return
         spaces = [
             (
@@ -133,7 +191,7 @@ def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_f
         try:
             channel.send_header(fd, P.REPLY_READY, 0, 0, dumps(spaces))
         except Exception as exc:
-            channel.send_header(fd, P.REPLY_ERROR, 0, 0, _error_payload(exc, offset, "sending spaces"))
+            channel.send_header(fd, P.REPLY_ERROR, 0, 0, _error_payload(exc, int(rows[0]), "sending spaces"))
             return
 
         # Phase 2: the parent lays out the segment and tells us where it is.
@@ -146,7 +204,7 @@ def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_f
         obs_leaves = leaves_of(obs_space, pickled=True)
         stepper = Stepper(
             envs,
-            offset,
+            rows,
             num_envs,
             mode,
             ring.obs,
@@ -164,14 +222,14 @@ def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_f
             arrays.get("info_mask"),
             [leaf.path for leaf in obs_leaves if isinstance(leaf.space, gym_spaces.Discrete) and not leaf.pickled],
             arrays.get("final_pytype"),
+            arrays.get("env_cost"),
         )
-        rows = PickledRows.of(ring, obs_leaves, leaves_of(act_space, pickled=True))
-        if rows is not None:
-            end = offset + len(envs)
-            stepper.report_pickled = lambda slot, records, ended: rows.step_report(slot, offset, end, records, ended)
+        pickled = PickledRows.of(ring, obs_leaves, leaves_of(act_space, pickled=True))
+        if pickled is not None:
+            stepper.report_pickled = lambda slot, records, ended: pickled.step_report(slot, rows, records, ended)
         chan = channel.WorkerChannel(arrays["ctl"], index, fd, spin_us)
         channel.send_header(fd, P.REPLY_DONE, 0, 0)
-        _serve(chan, stepper, envs, offset, rows)
+        _serve(chan, stepper, envs, rows, pickled)
     except channel.PeerClosed:
         pass  # the parent went away; nothing to answer
     finally:
@@ -184,16 +242,17 @@ def worker_main(index, conn, fns_blob, offset, num_envs, mode, main_pid, close_f
         conn.close()
 
 
-def _serve(chan, stepper, envs, offset, rows) -> None:
+def _serve(chan, stepper, envs, rows, pickled) -> None:
+    """Answer commands until the parent closes the socket; ``rows[j]``: local env j's index."""
     while True:
         try:
             stepper.serve(chan)  # returns on the first command that is not a plain step
             cmd, slot, _, blob = chan.current_command()
             payload = pickle.loads(blob) if blob is not None else None
             if cmd == P.CMD_STEP:  # a step with pickled actions
-                if rows is None:
+                if pickled is None:
                     raise ValueError("a step with a payload, but no pickled action leaves")
-                rows.put_actions(slot, offset, payload)
+                pickled.put_actions(slot, rows, payload)
                 stepper.answer(chan, slot)
                 continue
         except channel.PeerClosed:
@@ -208,16 +267,16 @@ def _serve(chan, stepper, envs, offset, rows) -> None:
             chan.reply(P.REPLY_ERROR, 0, _error_payload(exc, env_index, during))
             continue
         if cmd == P.CMD_RESET:
-            _reset(chan, stepper, envs, offset, slot, payload, rows)
+            _reset(chan, stepper, envs, rows, slot, payload, pickled)
         elif cmd == P.CMD_CALL:
-            _call(chan, envs, offset, payload)
+            _call(chan, envs, rows, payload)
         else:
             chan.reply(
                 P.REPLY_ERROR, 0, _error_payload(ValueError(f"unknown command {cmd}"), None, "reading a command")
             )
 
 
-def _reset(chan, stepper, envs, offset, slot, payload, rows) -> None:
+def _reset(chan, stepper, envs, rows, slot, payload, pickled) -> None:
     # payload: list of (local_index, kwargs for env.reset)
     infos = []
     j = -1
@@ -228,14 +287,14 @@ def _reset(chan, stepper, envs, offset, slot, payload, rows) -> None:
             stepper.write_reset_obs(slot, j, obs)
             infos.append((j, info))
     except Exception as exc:
-        chan.reply(P.REPLY_ERROR, 0, _error_payload(exc, offset + j, "reset"))
+        chan.reply(P.REPLY_ERROR, 0, _error_payload(exc, int(rows[j]), "reset"))
         return
-    if rows is not None:
-        infos = rows.reset_report(slot, offset, [j for j, _kw in payload], infos)
-    _reply_result(chan, infos, offset + max(j, 0))
+    if pickled is not None:
+        infos = pickled.reset_report(slot, rows, [j for j, _kw in payload], infos)
+    _reply_result(chan, infos, int(rows[max(j, 0)]))
 
 
-def _call(chan, envs, offset, payload) -> None:
+def _call(chan, envs, rows, payload) -> None:
     kind, name, args, kwargs, targets = payload  # targets: list of (local_index, value)
     results = []
     j = -1
@@ -243,9 +302,9 @@ def _call(chan, envs, offset, payload) -> None:
         for j, value in targets:
             results.append(_do_call(envs[j], kind, name, args, kwargs, value))
     except Exception as exc:
-        chan.reply(P.REPLY_ERROR, 0, _error_payload(exc, offset + j, f"{kind}({name!r})"))
+        chan.reply(P.REPLY_ERROR, 0, _error_payload(exc, int(rows[j]), f"{kind}({name!r})"))
         return
-    _reply_result(chan, results, offset + max(j, 0))
+    _reply_result(chan, results, int(rows[max(j, 0)]))
 
 
 def _reply_result(chan, result, env_index) -> None:

@@ -24,9 +24,11 @@ class EngineDoor:
     _engine: Engine
     _workers_share_our_cores = True  # False for Ray's doors: actors may run elsewhere
 
-    def _make_engine(self, env_fns, options: EngineOptions, num_workers: int | None) -> Engine:
+    def _make_engine(
+        self, env_fns, options: EngineOptions, num_workers: int | None, placement="contiguous", env_costs=None
+    ) -> Engine:
         """The engine behind this door (``fastvec.ray``'s doors build a ``RayEngine``)."""
-        return Engine(env_fns, options, num_workers=num_workers)
+        return Engine(env_fns, options, num_workers=num_workers, placement=placement, env_costs=env_costs)
 
     def _open_door(self, engine: Engine, copy: bool, torch: TorchThreads) -> None:
         self._engine = engine
@@ -50,6 +52,16 @@ class EngineDoor:
     @property
     def num_workers(self) -> int:
         return self._engine.num_workers
+
+    @property
+    def placement(self):
+        """Which envs each worker runs and what each costs per step, measured in the
+        workers' step loop (a ``fastvec.PlacementReport``; ``print`` it for a table)."""
+        self._check_open()
+        report = getattr(self._engine, "placement_report", None)
+        if report is None:
+            raise NotImplementedError(f"{type(self).__name__} has no worker placement to report")
+        return report()
 
     def _check_open(self) -> None:
         if self.closed:

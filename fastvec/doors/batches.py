@@ -34,7 +34,6 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from .._core.actions import ActionWriter
 from .._core.infos import with_quiet_ends
 from .._core.layout import OBJECT, build_nested
-from ..engine import whole_workers
 from ..errors import NoPendingCallError, PendingCallError
 from . import _gym_infos
 
@@ -77,13 +76,18 @@ class Batches:
         self.door = door
         self.size = batch_size
         self.mode = mode
+        if (batch_size < eng.num_envs or mode == "ready") and eng.groups is None:
+            raise ValueError(
+                "batch_size needs each worker's envs to be one contiguous run (placement='contiguous', "
+                "or a balanced placement that kept runs): a batch returns whole workers' envs as one block"
+            )
         if mode == "groups":
             self.units = [(a, a + batch_size) for a in range(0, eng.num_envs, batch_size)]
         else:  # one unit per worker (engine.batch_workers made them equal, dividing batch_size)
             self.units = [tuple(ab) for ab in eng.groups]
         self.unit_size = self.units[0][1] - self.units[0][0]
         self.per_batch = batch_size // self.unit_size
-        self.workers = [whole_workers(eng.groups, a, b) for a, b in self.units]
+        self.workers = [eng.workers_of(a, b) for a, b in self.units]
         self.env_ids = [np.arange(a, b, dtype=np.int32) for a, b in self.units]
         self.writer = ActionWriter(eng.single_action_space, batch_size, eng.options.action_check)
         self.state = [_IDLE] * len(self.units)

@@ -122,9 +122,22 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
     ----------
     env_fns : sequence of callables
         Functions returning gymnasium envs (cloudpickled: lambdas and closures work).
-    num_workers : int, optional
-        Worker processes (default ``min(num_envs, cores)``); envs are split into
-        contiguous groups, one per worker.
+    num_workers : int, "auto" or None
+        Worker processes (default ``min(num_envs, cores)``); which envs each runs is
+        ``placement``'s choice. "auto": time the candidate layouts on these envs at
+        start-up (a few seconds; ``fastvec.tune``) and take the fastest for stepping back
+        to back: the worker count and the placement (with ``batch_size``, the worker
+        count for those batches). For a loop with a policy between steps,
+        ``fastvec tune ENV --policy-us X`` times that loop.
+    placement : "contiguous" (default), "balanced" or a list of env index lists
+        Which envs each worker runs; env ``i``'s results stay at index ``i`` either way.
+        "contiguous": runs of envs of equal size. "balanced": placed by cost so that
+        each worker's share of a step costs about the same (envs that differ in cost:
+        mixed tasks, settings, levels), the costs from ``env_costs`` or timed on
+        throwaway instances at start-up (~0.2 s). A list: one list of env indices per
+        worker. ``envs.placement`` reports the placement and the measured costs.
+    env_costs : sequence of float, optional
+        One relative cost per env for ``placement="balanced"`` (no probe).
     copy : bool, default True
         ``True`` returns observations as fresh arrays, like gymnasium. ``False`` returns
         views into shared memory (zero-copy), writable as gymnasium's are: a view stays
@@ -223,7 +236,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         max_concurrency: int | None = None,
         *,
-        num_workers: int | None = None,
+        num_workers: int | str | None = None,
         step_timeout: float | None = None,
         num_slots: int = 2,
         restart_on_error: bool = False,
@@ -233,6 +246,8 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         action_check: str = "dtype",
         batch_size: int | None = None,
         batch_mode: str = "groups",
+        placement: str | Sequence[Sequence[int]] = "contiguous",
+        env_costs: Sequence[float] | None = None,
     ):
         self.closed = True
         # gymnasium's keywords, checked before any process starts
@@ -244,6 +259,12 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
                 "fastvec's shared-memory protocol; pass worker=None (wrap the env instead)"
             )
         obs_spaces = _check_observation_mode(observation_mode)
+        auto = isinstance(num_workers, str)
+        if auto and num_workers != "auto":
+            raise ValueError(f"num_workers must be a positive int, None or 'auto', got {num_workers!r}")
+        if auto and max_concurrency is not None:
+            raise ValueError("num_workers='auto' and max_concurrency both set the process count: give one")
+        workers = None if isinstance(num_workers, str) else num_workers  # "auto": resolved below
         if max_concurrency is not None:
             if (
                 isinstance(max_concurrency, bool)
@@ -251,12 +272,12 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
                 or max_concurrency < 1
             ):
                 raise ValueError(f"max_concurrency must be a positive int or None, got {max_concurrency!r}")
-            if num_workers is None:
+            if workers is None:
                 from ..options import available_cores
 
-                num_workers = max(1, min(len(env_fns), available_cores(), int(max_concurrency)))
-            elif num_workers > max_concurrency:
-                raise ValueError(f"num_workers={num_workers} exceeds max_concurrency={max_concurrency}")
+                workers = max(1, min(len(env_fns), available_cores(), int(max_concurrency)))
+            elif workers > max_concurrency:
+                raise ValueError(f"num_workers={workers} exceeds max_concurrency={max_concurrency}")
         batch = None
         if batch_size is not None or batch_mode != "groups":
             from ..engine import batch_workers
@@ -264,7 +285,15 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
 
             env_fns = check_env_fns(env_fns)
             batch = check_batch_size(len(env_fns) if batch_size is None else batch_size, len(env_fns), batch_mode)
-            num_workers = batch_workers(num_workers, len(env_fns), batch, available_cores(), batch_mode)
+        if auto:  # time the candidate layouts on these envs (fastvec.tune)
+            from ..tune import resolve_auto
+
+            layout = resolve_auto(
+                env_fns, placement, env_costs, batch, batch_mode, context=context, observation_mode=observation_mode
+            )
+            workers, placement = layout.num_workers, layout.placement
+        if batch is not None:
+            workers = batch_workers(workers, len(env_fns), batch, available_cores(), batch_mode)
         self.shared_memory = shared_memory
         self.daemon = daemon
         self.observation_mode = observation_mode
@@ -289,7 +318,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
             action_check=action_check,
             pickled_leaves=True,
         )
-        engine = self._make_engine(env_fns, options, num_workers)
+        engine = self._make_engine(env_fns, options, workers, placement, env_costs)
         self._open_door(engine, copy, torch)
         # The compiled builder's column spec (_cols), made once per info-table schema (_cols_for).
         self._cols_for: list | None = None

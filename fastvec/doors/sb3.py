@@ -53,9 +53,10 @@ class SubprocVecEnv(EngineDoor, _Base):
         Functions returning gymnasium envs (pickled with cloudpickle; lambdas work).
     start_method : str, optional
         "fork", "forkserver" or "spawn"; default: multiprocessing's default.
-    num_workers : int, optional
-        Worker processes (default ``min(num_envs, cores)``); each runs a contiguous
-        group of envs, so ``num_envs`` may exceed the core count.
+    num_workers : int, "auto" or None
+        Worker processes (default ``min(num_envs, cores)``); each runs a group of envs
+        (``placement``), so ``num_envs`` may exceed the core count. "auto": the fastest
+        worker count and placement timed on these envs at start-up (``fastvec.tune``).
     copy : bool, default True
         Return observations as fresh arrays. With ``copy=False`` they are read-only
         views into shared memory, valid until ``num_slots - 1`` further ``step``/``reset``
@@ -77,6 +78,13 @@ class SubprocVecEnv(EngineDoor, _Base):
         ``"auto"`` lowers its intra-op threads to ``max(1, cores - num_workers)`` unless
         ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` is set; an int sets that many; None
         leaves torch alone. ``close()`` restores the count (``fastvec.doors.threads``).
+    placement : "contiguous" (default), "balanced" or a list of env index lists
+        Which envs each worker runs (env ``i``'s results stay at index ``i``):
+        "balanced" places envs that differ in cost so that every worker's share of a
+        step costs about the same (``env_costs``, or timed at start-up); see
+        ``fastvec.AsyncVectorEnv`` and ``venv.placement``.
+    env_costs : sequence of float, optional
+        One relative cost per env for ``placement="balanced"`` (no probe).
     """
 
     def __init__(
@@ -84,7 +92,7 @@ class SubprocVecEnv(EngineDoor, _Base):
         env_fns: list[Callable],
         start_method: str | None = None,
         *,
-        num_workers: int | None = None,
+        num_workers: int | str | None = None,
         copy: bool = True,
         num_slots: int = 2,
         step_timeout: float | None = None,
@@ -92,10 +100,19 @@ class SubprocVecEnv(EngineDoor, _Base):
         spin_us: float | None = None,
         main_spin_us: float | None = None,
         torch_threads: int | str | None = "auto",
+        placement: str | Sequence[Sequence[int]] = "contiguous",
+        env_costs: Sequence[float] | None = None,
     ):
         self.closed = True
         torch = TorchThreads(torch_threads)  # checked before any process starts
         self.waiting = False
+        if isinstance(num_workers, str):  # "auto": time the candidate layouts (fastvec.tune)
+            if num_workers != "auto":
+                raise ValueError(f"num_workers must be a positive int, None or 'auto', got {num_workers!r}")
+            from ..tune import resolve_auto
+
+            layout = resolve_auto(env_fns, placement, env_costs, context=start_method)
+            num_workers, placement = layout.num_workers, layout.placement
         options = EngineOptions(
             num_slots=num_slots,
             autoreset_mode="same_step",
@@ -105,7 +122,7 @@ class SubprocVecEnv(EngineDoor, _Base):
             spin_us=spin_us,
             main_spin_us=main_spin_us,
         )
-        engine = self._make_engine(env_fns, options, num_workers)
+        engine = self._make_engine(env_fns, options, num_workers, placement, env_costs)
         self._open_door(engine, copy, torch)
         # The compiled builder's column spec (_cols), made once per info-table schema (_cols_for).
         self._cols_for: list | None = None

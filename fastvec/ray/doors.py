@@ -29,8 +29,10 @@ class _RayDoor:
         self._start_timeout = start_timeout
         super().__init__(env_fns, *args, **kwargs)
 
-    def _make_engine(self, env_fns, options, num_workers) -> RayEngine:
+    def _make_engine(self, env_fns, options, num_workers, placement="contiguous", env_costs=None) -> RayEngine:
         # num_workers: the actors' worker processes come from workers_per_actor
+        if not (isinstance(placement, str) and placement == "contiguous") or env_costs is not None:
+            raise ValueError("placement and env_costs are not available on Ray: actors run contiguous runs of envs")
         return RayEngine(env_fns, options.replace(start_timeout=self._start_timeout), self._ray_placement)
 
     @property

@@ -14,6 +14,7 @@ cpdef enum:
     CMD_CALL = 3
     CMD_SPACES = 6
     CMD_PING = 7  # only asks for an empty REPLY_DONE: is the channel up? (fastvec.ray)
+    CMD_BUILD = 8  # after a placement probe: the envs to build (payload: indices, factories)
     # Replies, worker -> parent.
     REPLY_DONE = 16
     REPLY_RESULT = 17

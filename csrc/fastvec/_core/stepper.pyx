@@ -13,6 +13,7 @@ import pickle
 cimport numpy as cnp
 from libc.string cimport memcpy
 
+from fastvec._core.sync cimport fv_now_ns
 from fastvec._core.worker_channel cimport WorkerChannel
 from fastvec._core.protocol cimport (
     AUTORESET_NEXT_STEP, AUTORESET_SAME_STEP, HAS_PAYLOAD, IN_TABLE, INFO_COLS, NO_PAYLOAD, REPLY_DONE,
@@ -51,10 +52,17 @@ cdef class Stepper:
 
     ``obs_leaves``/``final_leaves``/``act_leaves`` are lists of arrays shaped
     ``[num_slots, num_envs, *leaf_shape]``; ``obs_paths`` gives each observation leaf's
-    path inside a Dict/Tuple observation (empty for a plain Box etc.).
+    path inside a Dict/Tuple observation (empty for a plain Box etc.). ``rows[j]`` is
+    the global index of local env ``j``: the row its results go to (the worker's envs
+    need not be contiguous, ``fastvec._core.placement``).
     """
     cdef public list envs
-    cdef int n_local, offset, num_envs, mode
+    cdef int n_local, num_envs, mode
+    cdef int[::1] rows
+    # Per env, [nanoseconds, steps] spent in its step (and autoreset): the placement's
+    # measured costs (``env_cost`` in the segment), None without that array.
+    cdef long long[:, ::1] cost
+    cdef bint timed
     cdef list obs_leaves, final_leaves, obs_paths, act_leaves
     cdef object act_space, build_nested, kind_of, dump_records
     # Pickled leaves (``fastvec._core.pickled``): a step's reply is made by this
@@ -81,14 +89,19 @@ cdef class Stepper:
     cdef public list schema_list
     cdef public bint schema_dirty
 
-    def __init__(self, list envs, int offset, int num_envs, int mode, list obs_leaves,
+    def __init__(self, list envs, object rows, int num_envs, int mode, list obs_leaves,
                  list final_leaves, list obs_paths, list act_leaves, object act_space,
                  object build_nested, object rewards, object terminated, object truncated,
                  object kind_of, object dump_records, object info_table=None, object info_mask=None,
-                 list int_paths=None, object final_pytype=None):
+                 list int_paths=None, object final_pytype=None, object cost=None):
         self.envs = envs
         self.n_local = len(envs)
-        self.offset = offset
+        self.rows = np.ascontiguousarray(rows, dtype=np.intc)
+        if self.rows.shape[0] != self.n_local:
+            raise ValueError(f"{self.n_local} envs but {self.rows.shape[0]} rows")
+        self.timed = cost is not None
+        if self.timed:
+            self.cost = cost
         self.num_envs = num_envs
         self.mode = mode
         self.obs_leaves = obs_leaves
@@ -132,13 +145,13 @@ cdef class Stepper:
         if self.info_mask is None:
             return 0
         for j in range(self.n_local):
-            self.info_mask[slot, self.offset + j] = 0
+            self.info_mask[slot, self.rows[j]] = 0
         for rec in records:
             j = <int>rec[0]
             info = rec[1]
             if rec[2] is not None or type(info) is not dict:
                 return 0
-            i = self.offset + j
+            i = self.rows[j]
             bits = 0
             for key, value in (<dict>info).items():
                 kind = type(value)
@@ -215,7 +228,7 @@ cdef class Stepper:
 
     def write_reset_obs(self, int slot, int j, object obs):
         """Write a reset observation of local env ``j`` (used by the Python reset path)."""
-        self._write_obs(self.obs_leaves, slot, self.offset + j, obs)
+        self._write_obs(self.obs_leaves, slot, self.rows[j], obs)
 
     cpdef list step(self, int slot):
         """Step every env of this worker on the actions in ``slot``; write results there.
@@ -226,8 +239,10 @@ cdef class Stepper:
         cdef int j, i
         cdef list records = None
         cdef bint term, trunc
+        # One clock reading per env (its end is the next one's start): ~25 ns each.
+        cdef long long t0 = fv_now_ns() if self.timed else 0, t1
         for j in range(self.n_local):
-            i = self.offset + j
+            i = self.rows[j]
             self.current = i
             env = self.envs[j]
             if self.mode == AUTORESET_NEXT_STEP and self._needs_reset[j]:
@@ -273,6 +288,11 @@ cdef class Stepper:
                         records = []
                     records.append((j, info, None))
             self._write_obs(self.obs_leaves, slot, i, obs)
+            if self.timed:
+                t1 = fv_now_ns()
+                self.cost[i, 0] += t1 - t0
+                self.cost[i, 1] += 1
+                t0 = t1
         self.current = -1
         return records
 
@@ -303,7 +323,7 @@ cdef class Stepper:
             ended = []
             if self.mode == AUTORESET_SAME_STEP:
                 ended = [j for j in range(self.n_local)
-                         if self.terminated[slot, self.offset + j] or self.truncated[slot, self.offset + j]]
+                         if self.terminated[slot, self.rows[j]] or self.truncated[slot, self.rows[j]]]
             chan.reply(REPLY_DONE, slot, self.report_pickled(slot, records, ended))
         elif records is None:
             chan._publish(REPLY_DONE, slot, NO_PAYLOAD)
