@@ -27,12 +27,15 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from harness.common import child_json  # noqa: E402
+
 WORKLOADS = {
     "pong": {"envs": 16, "sync_envs": 8, "steps": 3000},
     "halfcheetah": {"envs": 32, "sync_envs": 32, "steps": 20000},
@@ -167,15 +170,8 @@ def main():
                 steps = int(WORKLOADS[w]["steps"] * args.steps_scale)
                 order = cands[r % len(cands) :] + cands[: r % len(cands)]
                 for c in order:
-                    proc = subprocess.run(
-                        [sys.executable, __file__, "--one", w, c, pol, str(steps)],
-                        capture_output=True,
-                        text=True,
-                        timeout=1800,
-                    )
-                    if proc.returncode != 0:
-                        raise SystemExit(f"{w}/{c}/{pol} failed:\n{proc.stderr[-3000:]}")
-                    sps = json.loads(proc.stdout.strip().splitlines()[-1])["sps"]
+                    cmd = [sys.executable, __file__, "--one", w, c, pol, str(steps)]
+                    sps = child_json(cmd, f"{w}/{c}/{pol}")["sps"]
                     results.setdefault((w, pol), {}).setdefault(c, []).append(sps)
                     print(f"round {r + 1}/{args.rounds} {w} {pol} {c}: {sps:,.0f} steps/s", flush=True)
     rows = []

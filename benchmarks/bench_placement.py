@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness.common import Parser, machine, span  # noqa: E402
+from harness.common import Parser, child_json, machine, span  # noqa: E402
 
 WORKLOADS = {
     "uneven": {"candidates": ["sync", "contiguous", "balanced"], "steps": 1500},
@@ -137,15 +136,7 @@ def main(argv=None) -> int:
             jobs = jobs[r % len(jobs) :] + jobs[: r % len(jobs)]
             for w, c in jobs:
                 steps = max(10, int(WORKLOADS[w]["steps"] * args.steps_scale))
-                proc = subprocess.run(
-                    [sys.executable, __file__, "--one", w, c, pol, str(steps)],
-                    capture_output=True,
-                    text=True,
-                    timeout=1800,
-                )
-                if proc.returncode != 0:
-                    raise SystemExit(f"{w}/{c}/{pol} failed:\n{proc.stderr[-3000:]}")
-                got = json.loads(proc.stdout.strip().splitlines()[-1])
+                got = child_json([sys.executable, __file__, "--one", w, c, pol, str(steps)], f"{w}/{c}/{pol}")
                 runs.setdefault(f"{pol}/{w}/{c}", []).append(got)
                 print(f"round {r + 1}/{args.rounds} {pol} {w} {c}: {got['sps']:,.0f} steps/s", flush=True)
     meta["seconds"] = round(time.time() - t_start)

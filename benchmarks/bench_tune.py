@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness.common import Parser, machine, span  # noqa: E402
+from harness.common import Parser, child_json, machine, span  # noqa: E402
 
 WORKLOADS = {"cartpole64": ("CartPole-v1", 64), "halfcheetah16": ("HalfCheetah-v5", 16), "pong8": ("pong", 8)}
 
@@ -126,10 +125,7 @@ def main(argv=None) -> int:
 
 
 def _run(cmd: list) -> dict:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd[2:])} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return child_json(cmd, " ".join(cmd[2:]))
 
 
 def render(meta: dict, picks: dict, sps: dict, rounds: int) -> str:

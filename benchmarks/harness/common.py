@@ -39,6 +39,18 @@ def parse(parser: argparse.ArgumentParser, argv):
         raise
 
 
+def child_json(cmd: list, what: str, timeout: float = 1800.0) -> dict:
+    """Run a measurement in a fresh process; its last line of output is JSON. A failure
+    ends the benchmark with ``what`` and the child's stderr."""
+    import json
+    import subprocess
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def positive(text: str) -> int:
     try:
         v = int(text)

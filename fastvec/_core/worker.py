@@ -100,6 +100,15 @@ def _do_call(env, kind: str, name, args, kwargs, value):
     raise ValueError(f"unknown call kind {kind!r}")
 
 
+def _close_all(envs) -> None:
+    """Close every env; one that fails to close does not keep the others open."""
+    for env in envs:
+        try:
+            env.close()
+        except Exception:
+            pass
+
+
 def _probe(fd, fns, rows, seconds: float) -> list | None:
     """Time throwaway instances of envs ``rows`` (built by ``fns``): reset, then step on
     random actions (resetting at episode ends) for at least ``PROBE_ROUNDS`` rounds and
@@ -131,11 +140,7 @@ def _probe(fd, fns, rows, seconds: float) -> list | None:
         channel.send_header(fd, P.REPLY_ERROR, 0, 0, _error_payload(exc, int(rows[j]), during))
         return None
     finally:
-        for env in envs:
-            try:
-                env.close()
-            except Exception:
-                pass
+        _close_all(envs)
     return [statistics.fmean(sorted(t)[: max(1, len(t) - len(t) // 10)]) for t in times]
 
 
@@ -233,11 +238,7 @@ def worker_main(index, conn, fns_blob, rows, num_envs, mode, main_pid, close_fds
     except channel.PeerClosed:
         pass  # the parent went away; nothing to answer
     finally:
-        for env in envs:
-            try:
-                env.close()
-            except Exception:
-                pass
+        _close_all(envs)
         # The mapping goes with the last view; the parent owns and unlinks the segment.
         conn.close()
 
