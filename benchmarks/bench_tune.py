@@ -43,14 +43,15 @@ def env_fns(workload: str) -> list:
 
 
 def grid(num_envs: int, cores: int) -> list:
-    from fastvec.tune import Layout, _fits
+    from fastvec.engine import batch_fits
+    from fastvec.tune import Layout
 
     out = []
     for w in range(1, min(num_envs, 2 * cores) + 1):
         out.append(Layout(w))
         half = num_envs // 2
         for mode in ("groups", "ready"):
-            if num_envs % 2 == 0 and _fits(w, num_envs, half, mode) and w >= 2:
+            if num_envs % 2 == 0 and batch_fits(w, num_envs, half, mode) and w >= 2:
                 out.append(Layout(w, mode, half))
     return out
 

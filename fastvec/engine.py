@@ -60,6 +60,16 @@ _WAIT_TIMEOUT = WaitResult.TIMEOUT
 PROBE_S = 0.2
 
 
+def batch_fits(num_workers: int, num_envs: int, batch_size: int, mode: str = "groups") -> bool:
+    """Whether ``num_workers`` workers can serve batches of ``batch_size`` of ``num_envs``
+    envs. Groups: each of the ``num_envs / batch_size`` groups gets whole workers with as
+    many envs each. Ready: a batch is whole workers' envs, so their shares divide it."""
+    if mode == "ready":
+        return num_envs % num_workers == 0 and batch_size % (num_envs // num_workers) == 0
+    groups = num_envs // batch_size
+    return num_workers % groups == 0 and batch_size % (num_workers // groups) == 0
+
+
 def batch_workers(num_workers: int | None, num_envs: int, batch_size: int, cores: int, mode: str = "groups") -> int:
     """Workers for batches of ``batch_size`` envs (the gymnasium door's ``batch_size``,
     the trainer's ``env_groups``). Groups: each of the ``num_envs / batch_size`` groups
@@ -69,13 +79,13 @@ def batch_workers(num_workers: int | None, num_envs: int, batch_size: int, cores
     ``batch_size``. Default: about ``min(num_envs, cores)``."""
     groups = num_envs // batch_size
     if mode == "ready":
-
-        def fits(w):
-            return num_envs % w == 0 and batch_size % (num_envs // w) == 0
-
         if num_workers is None:  # at least num_envs / batch_size: a batch is not every env
-            return min(w for w in range(max(min(num_envs, cores), groups), num_envs + 1) if fits(w))
-        if not fits(num_workers):
+            return min(
+                w
+                for w in range(max(min(num_envs, cores), groups), num_envs + 1)
+                if batch_fits(w, num_envs, batch_size, mode)
+            )
+        if not batch_fits(num_workers, num_envs, batch_size, mode):
             raise ValueError(
                 f"num_workers={num_workers} must divide num_envs={num_envs} into shares that divide "
                 f"batch_size={batch_size}: batch_mode='ready' returns whole workers' envs"
@@ -85,7 +95,7 @@ def batch_workers(num_workers: int | None, num_envs: int, batch_size: int, cores
         want = max(1, -(-min(num_envs, cores) // groups))  # workers per group
         per = max(d for d in range(1, want + 1) if batch_size % d == 0)
         return groups * per
-    if num_workers % groups or batch_size % (num_workers // groups):
+    if not batch_fits(num_workers, num_envs, batch_size, mode):
         raise ValueError(
             f"num_workers={num_workers} must be a multiple of num_envs / batch_size = {groups} "
             f"whose share per group divides batch_size={batch_size}: each batch group runs on "

@@ -108,11 +108,12 @@ def layouts(num_envs: int, cores: int, batches: bool = True, uneven: bool = Fals
             out.append(Layout(w, placement="balanced"))
     if batches and num_envs % 2 == 0 and num_envs >= 2:
         half = num_envs // 2
+        from .engine import batch_fits
+
         for w in counts:
-            if w % 2 == 0 and half % (w // 2) == 0:
-                out.append(Layout(w, "groups", half))
-            if w >= 2 and num_envs % w == 0 and half % (num_envs // w) == 0:
-                out.append(Layout(w, "ready", half))
+            for mode in ("groups", "ready"):
+                if w >= 2 and batch_fits(w, num_envs, half, mode):
+                    out.append(Layout(w, mode, half))
     return out
 
 
@@ -246,22 +247,14 @@ def resolve_auto(env_fns, placement, env_costs, batch_size=None, batch_mode="gro
     fns = check_env_fns(env_fns)
     if batch_size is None or batch_size == len(fns):
         return tune(fns, seconds=0.3, batches=False, **env_kwargs).chosen
-    from .engine import batch_workers
+    from .engine import batch_fits, batch_workers
 
     default = Layout(batch_workers(None, len(fns), batch_size, available_cores(), batch_mode), batch_mode, batch_size)
     counts = [
-        w for w in range(1, min(len(fns), 2 * available_cores()) + 1) if _fits(w, len(fns), batch_size, batch_mode)
+        w for w in range(1, min(len(fns), 2 * available_cores()) + 1) if batch_fits(w, len(fns), batch_size, batch_mode)
     ]
     cands = [Layout(w, batch_mode, batch_size) for w in counts]
     return tune(fns, seconds=0.3, candidates=cands, default=default, **env_kwargs).chosen
-
-
-def _fits(w: int, n: int, batch: int, mode: str) -> bool:
-    """Whether ``w`` workers can serve batches of ``batch`` of ``n`` envs (``engine.batch_workers``'s rule)."""
-    if mode == "ready":
-        return n % w == 0 and batch % (n // w) == 0
-    groups = n // batch
-    return w % groups == 0 and batch % (w // groups) == 0
 
 
 # ------------------------------------------------------------------ the command

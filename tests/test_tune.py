@@ -15,6 +15,7 @@ import fastvec
 from fastvec import tune as tuning
 from fastvec._core.placement import contiguous
 from fastvec.cli import main as cli
+from fastvec.engine import batch_fits
 from fastvec.tune import KEEP, Layout, layouts
 
 
@@ -28,7 +29,7 @@ def test_layouts_start_with_the_default_and_fit_their_batches():
     assert [c.num_workers for c in layouts(8, 16, batches=False)] == [8, 1, 2, 4]
     for c in layouts(12, 8):
         if c.batch_mode is not None:  # every candidate can be built
-            assert tuning._fits(c.num_workers, 12, c.batch_size, c.batch_mode)
+            assert batch_fits(c.num_workers, 12, c.batch_size, c.batch_mode)
     assert layouts(3, 2)[0] == Layout(2) and all(c.batch_mode is None for c in layouts(3, 2))
 
 
@@ -139,7 +140,7 @@ def test_auto_workers_pick_a_layout_and_match_the_reference(door):
 
 def test_auto_workers_with_batches():
     with fastvec.AsyncVectorEnv([RandomEndEnv] * 8, num_workers="auto", batch_size=4) as env:
-        assert env.batch_size == 4 and tuning._fits(env.num_workers, 8, 4, "groups")
+        assert env.batch_size == 4 and batch_fits(env.num_workers, 8, 4, "groups")
         env.async_reset(seed=0)
         obs, *_ = env.recv()
         assert len(obs) == 4
