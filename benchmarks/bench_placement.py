@@ -14,7 +14,10 @@ taken within a round. Workloads (8 envs, 2 workers):
   ``uneven`` (every worker's share the same), and the equal-cost case, where
   ``balanced`` must change nothing;
 - ``cheetah``: HalfCheetah-v5, the first four with ``frame_skip=20``, the others with
-  the default 5 (one observation and action shape, uneven by a setting).
+  the default 5 (one observation and action shape, uneven by a setting);
+- ``mt10``, ``mt20``: Meta-World's MT10, one env per task (10 envs) and two per task (20),
+  task by task as MT10 lists them (``metaworld`` pins its own MuJoCo: run these in a venv
+  of their own, ``--only mt10 mt20 --out benchmarks/results/placement_mt10``).
 
 Candidates: ``contiguous`` (fastvec's default), ``balanced`` (``placement="balanced"``:
 the costs probed at start-up), ``sync`` (gymnasium's SyncVectorEnv), ``gym_async``
@@ -39,15 +42,20 @@ WORKLOADS = {
     "uneven": {"candidates": ["sync", "contiguous", "balanced"], "steps": 1500},
     "even": {"candidates": ["contiguous", "balanced"], "steps": 1500},
     "cheetah": {"candidates": ["sync", "gym_async", "contiguous", "balanced"], "steps": 3000},
+    "mt10": {"candidates": ["sync", "gym_async", "contiguous", "balanced"], "steps": 800},
+    "mt20": {"candidates": ["sync", "gym_async", "contiguous", "balanced"], "steps": 400},
 }
 NUM_ENVS, NUM_WORKERS = 8, 2
+METAWORLD = ("mt10", "mt20")  # not run by default: metaworld pins its own MuJoCo
 
 
 def env_fns(workload: str) -> list:
     import functools
 
-    from harness.envs import BusyEnv, make_gym
+    from harness.envs import BusyEnv, make_gym, metaworld_mt10
 
+    if workload in ("mt10", "mt20"):
+        return metaworld_mt10(per_task=2 if workload == "mt20" else 1)
     if workload == "uneven":
         return [functools.partial(BusyEnv, 1000.0)] * 4 + [functools.partial(BusyEnv, 250.0)] * 4
     if workload == "even":
@@ -105,7 +113,7 @@ def run_one(workload: str, candidate: str, policy: str, steps: int) -> dict:
         t0 = time.perf_counter()
         for _ in range(steps):
             obs = env.step(act(obs))[0]
-        sps = steps * NUM_ENVS / (time.perf_counter() - t0)
+        sps = steps * len(fns) / (time.perf_counter() - t0)
         placement = [list(w) for w in env.placement.workers] if isinstance(env, fastvec.AsyncVectorEnv) else None
         return {"sps": sps, "placement": placement}
     finally:
@@ -117,7 +125,7 @@ def run_one(workload: str, candidate: str, policy: str, steps: int) -> dict:
 def main(argv=None) -> int:
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--only", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--only", nargs="+", default=[w for w in WORKLOADS if w not in METAWORLD], choices=list(WORKLOADS))
     p.add_argument("--policies", nargs="+", default=["none", "mlp"], choices=["none", "mlp"])
     p.add_argument("--steps-scale", type=float, default=1.0)
     p.add_argument("--out", default=os.path.join(HERE, "results", "placement"))
@@ -163,7 +171,8 @@ def render(meta: dict, runs: dict, policies: list, workloads: list) -> str:
         "# Placement by cost: envs of uneven cost",
         "",
         f"`{meta['command']}` on {meta['cpu']}, {meta['cores']} cores, {meta['date']} ({meta['seconds']} s).",
-        f"{NUM_ENVS} envs, {NUM_WORKERS} workers, lock-step; env steps/s, median (min-max) over rounds, each "
+        f"{NUM_ENVS} envs{' (mt10: 10, mt20: 20)' if set(workloads) & set(METAWORLD) else ''}, "
+        f"{NUM_WORKERS} workers, lock-step; env steps/s, median (min-max) over rounds, each "
         "measurement in a fresh process, candidates interleaved; ratios within a round.",
         "",
         "| policy | workload | candidate | env steps/s | / contiguous | / sync | placement |",

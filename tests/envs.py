@@ -448,14 +448,16 @@ class FlatInfoEnv(gym.Env):
 
 class CostEnv(gym.Env):
     """A step that costs ``cost_us`` microseconds of busy CPU (a per-instance setting,
-    as mixed tasks or physics settings make envs differ in cost); episodes of
-    ``episode_len`` steps, observations that count them."""
+    as mixed tasks or physics settings make envs differ in cost), or of waiting with
+    ``sleep`` (an env that waits on a simulator or I/O); episodes of ``episode_len``
+    steps, observations that count them."""
 
     observation_space = spaces.Box(-np.inf, np.inf, (2,), np.float64)
     action_space = spaces.Discrete(2)
 
-    def __init__(self, cost_us: float = 100.0, episode_len: int = 50, fail_in_step: bool = False):
+    def __init__(self, cost_us: float = 100.0, episode_len: int = 50, fail_in_step: bool = False, sleep: bool = False):
         self.cost_us = float(cost_us)
+        self.sleep = sleep
         self.episode_len = int(episode_len)
         self.fail_in_step = fail_in_step
         self.t = 0
@@ -468,7 +470,9 @@ class CostEnv(gym.Env):
     def step(self, action):
         if self.fail_in_step:
             raise RuntimeError("this env cannot step")
-        end = time.perf_counter() + self.cost_us * 1e-6
+        if self.sleep:
+            time.sleep(self.cost_us * 1e-6)
+        end = time.perf_counter() + (0.0 if self.sleep else self.cost_us * 1e-6)
         while time.perf_counter() < end:
             pass
         self.t += 1

@@ -464,6 +464,22 @@ def test_placement_benchmark_measures_and_reports(tmp_path, capsys):
     assert "| none | uneven | balanced |" in table and "1.00 (1.00-1.00)" in table
 
 
+@pytest.mark.slow
+def test_train_mix_benchmark_checks_and_reports(tmp_path, capsys):
+    import bench_train_mix
+
+    out = tmp_path / "mix"
+    assert bench_train_mix.main(["--rounds", "1", "--steps", "8192", "--out", str(out)]) == 0
+    runs = json.loads((out / "train_mix.json").read_text())["runs"]
+    bal, con = runs["balanced"][0], runs["contiguous"][0]
+    assert con["placement"]["workers"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert bal["placement"]["workers"] != con["placement"]["workers"]  # the costly four no longer on one worker
+    assert bal["placement"]["balance"] > con["placement"]["balance"]
+    assert bal["final_mean_return"] == con["final_mean_return"] and bal["first_return"] is not None
+    table = (out / "train_mix.md").read_text()
+    assert "| balanced |" in table and "| contiguous |" in table and "1.00 (1.00-1.00)x" in table
+
+
 def test_tune_benchmark_ratios_are_per_round():
     import bench_tune
 

@@ -225,6 +225,16 @@ def test_probe_places_costly_envs_apart_and_reports_costs():
         assert "worker 1" in str(report)
 
 
+def test_probe_costs_a_waiting_env_its_wall_time():
+    """The probe counts CPU time (robust to a busy machine), but an env that sleeps costs
+    its worker the wait: two envs that wait 3 ms, given together, go to both workers."""
+    fns = [functools.partial(CostEnv, 3000.0, sleep=True)] * 2 + [functools.partial(CostEnv, 50.0)] * 2
+    with fastvec.AsyncVectorEnv(fns, num_workers=2, placement="balanced") as env:
+        probe = np.array(env.placement.probe_us)
+        assert probe[:2].min() > 2500 and probe[:2].min() > 10 * probe[2:].max()
+        assert sorted(len(set(w) & {0, 1}) for w in env.placement.workers) == [1, 1]
+
+
 def test_probe_keeps_runs_for_envs_alike():
     with fastvec.AsyncVectorEnv([functools.partial(CostEnv, 300.0)] * 6, num_workers=2, placement="balanced") as env:
         assert [list(w) for w in env.placement.workers] == [[0, 1, 2], [3, 4, 5]]

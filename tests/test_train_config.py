@@ -215,7 +215,7 @@ def _check_protocol(storage, n):
     assert storage.num_envs == n and storage.on_restart is None and storage.restarts == []
     assert storage.groups == [(0, n)]  # lock-step: one group
     t = storage.transport()
-    assert list(t) == ["num_workers", "main_spin_us", "env_groups", "backend"]
+    assert list(t) == ["num_workers", "main_spin_us", "env_groups", "backend", "placement"]
     assert t["env_groups"] == 1 and t["backend"] == storage.kind and t["num_workers"] == storage.num_workers
 
 
@@ -274,12 +274,24 @@ def test_engine_storages_implement_the_protocol():
     s = EngineStorage(_fake_engine())
     _check_protocol(s, 2)
     assert s.worker_pids == [4242] and s.lost_wakeups() == 3
-    assert s.transport() == {"num_workers": 1, "main_spin_us": 0.0, "env_groups": 1, "backend": "fastvec"}
+    assert s.transport() == {
+        "num_workers": 1,
+        "main_spin_us": 0.0,
+        "env_groups": 1,
+        "backend": "fastvec",
+        "placement": None,
+    }
     r = RayEngineStorage(_fake_engine())
     _check_protocol(r, 2)
     # actors on other nodes: no local pids to watch, no wait counts, their engines' own waits
     assert r.worker_pids == [] and r.lost_wakeups() is None
-    assert r.transport() == {"num_workers": 1, "main_spin_us": None, "env_groups": 1, "backend": "fastvec-ray"}
+    assert r.transport() == {
+        "num_workers": 1,
+        "main_spin_us": None,
+        "env_groups": 1,
+        "backend": "fastvec-ray",
+        "placement": None,
+    }
 
 
 def test_ppo_counters_declared_and_public():

@@ -8,6 +8,9 @@
   (1 MiB float32 by default), so that moving observations between processes dominates.
 - :class:`BusyEnv`: a synthetic env whose step costs a set number of microseconds of
   CPU, per instance (``bench_placement.py``: envs of uneven cost).
+- :func:`metaworld_mt10`: Meta-World's MT10, one env factory per task as its own
+  ``make_mt_envs`` builds them (one-hot task ids), ``per_task`` of each, task by task
+  (needs ``metaworld``, which pins its own MuJoCo: a venv of its own).
 """
 
 from __future__ import annotations
@@ -21,6 +24,22 @@ from gymnasium import spaces
 
 def make_gym(env_id: str, **kwargs):
     return gym.make(env_id, **kwargs)
+
+
+def metaworld_mt10(per_task: int = 1, seed: int = 0) -> list:
+    import functools
+
+    import metaworld
+
+    bench = metaworld.MT10(seed=seed)
+    fns = []
+    for i, (name, cls) in enumerate(bench.train_classes.items()):
+        tasks = [t for t in bench.train_tasks if t.env_name == name]
+        make = functools.partial(
+            metaworld._init_each_env, env_cls=cls, tasks=tasks, seed=seed, env_id=i, num_tasks=10, use_one_hot=True
+        )
+        fns += [make] * per_task
+    return fns
 
 
 def make_pong():

@@ -75,9 +75,16 @@ def atomic_torch_save(obj, path: str) -> str:
 
 
 def save_checkpoint(
-    path: str, ppo, env_id: str | None, env_kwargs: dict | None, extra=None, train_state: dict | None = None
+    path: str,
+    ppo,
+    env_id: str | None,
+    env_kwargs: dict | None,
+    extra=None,
+    train_state: dict | None = None,
+    mix: list[dict] | None = None,
 ) -> str:
-    """Write ``ppo``'s weights (and ``train_state``, for a resume) to ``path``, atomically."""
+    """Write ``ppo``'s weights (and ``train_state``, for a resume) to ``path``, atomically.
+    ``mix``: the run's groups of envs where they differ (``fastvec.train.mix``)."""
     from .. import __version__
 
     pol = ppo.policy
@@ -87,6 +94,7 @@ def save_checkpoint(
         "fastvec_version": __version__,
         "env_id": env_id,
         "env_kwargs": dict(env_kwargs or {}),
+        "mix": mix,
         "config": ppo.cfg.to_dict(),
         "observation_space": ppo.storage.single_observation_space,
         "action_space": ppo.storage.single_action_space,
@@ -167,10 +175,10 @@ class PeriodicCheckpoints:
     def due(self, env_steps: int) -> bool:
         return self.next is not None and env_steps >= self.next
 
-    def save(self, ppo, env_id, env_kwargs, train_state: dict) -> str:
+    def save(self, ppo, env_id, env_kwargs, train_state: dict, mix: list[dict] | None = None) -> str:
         os.makedirs(self.folder, exist_ok=True)
         path = os.path.join(self.folder, f"step-{ppo.env_steps:012d}.pt")
-        save_checkpoint(path, ppo, env_id, env_kwargs, train_state=train_state)
+        save_checkpoint(path, ppo, env_id, env_kwargs, train_state=train_state, mix=mix)
         self.start(ppo.env_steps)
         for old in _periodic(self.folder)[: -self.keep]:
             try:

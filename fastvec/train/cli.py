@@ -5,6 +5,7 @@ actors, or a vector env the caller gives) and hands it to ``fastvec.train.loop.t
 which knows none of them. This is the only importer of ``fastvec.ray``.
 
     fastvec train ENV_ID [--seed N] [--num-envs N] [--num-workers N] [--total-steps N]
+                  [--mix [id=ID,][count=N,]key=value,... ...]
                   [--stop-at-return R] [--device auto|cpu|cuda] [--logdir DIR]
                   [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
                   [--checkpoint-every N] [--backend engine|ray] [--ray-address ADDR] [--actors N]
@@ -58,6 +59,15 @@ def _train_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--num-envs", type=int, default=None)
+    p.add_argument(
+        "--mix",
+        action="append",
+        default=None,
+        metavar="GROUP",
+        help="a group of the run's envs (repeatable): [id=ENV_ID,][count=N,]setting=value,... with the "
+        "env's constructor settings, e.g. --mix frame_skip=5 --mix frame_skip=20 (ENV_ID's preset; "
+        "uncounted groups share the envs equally; a mix is placed on the workers by cost)",
+    )
     p.add_argument("--num-workers", type=int, default=None)
     p.add_argument("--total-steps", type=float, default=None, help="env steps (1e6 accepted)")
     p.add_argument(
@@ -139,6 +149,7 @@ def build_config(env_id: str, args):
     cfg = PPOConfig()
     apply_overrides(cfg, preset_for(env_id, zoo=getattr(args, "zoo", False)))
     _apply_flags(cfg, args)
+    _mix_num_envs(cfg, args)
     if cfg.num_workers is not None and cfg.num_envs is not None and cfg.num_workers > cfg.num_envs:
         # a preset's worker count must not block a smaller --num-envs
         if args.num_workers is None and not any(o.startswith("num_workers") for o in args.overrides):
@@ -155,6 +166,20 @@ def build_config(env_id: str, args):
     ):
         cfg.env_groups = 1  # nor may a preset's batch groups block --num-envs, --num-workers or Ray
     return cfg.validate()
+
+
+def _mix_num_envs(cfg, args) -> None:
+    """Where every ``--mix`` group gives its count, they set ``num_envs`` (one given too
+    must agree)."""
+    from .config import ConfigError
+    from .mix import counted_total
+
+    total = counted_total(getattr(args, "mix", None) or [])
+    if total is None or total == cfg.num_envs:
+        return
+    if args.num_envs is not None or any(o.replace("-", "_").startswith("num_envs") for o in args.overrides):
+        raise ConfigError(f"the --mix counts add up to {total} envs, but num_envs={cfg.num_envs} was given")
+    cfg.num_envs = total
 
 
 def _apply_flags(cfg, args) -> None:
@@ -237,6 +262,8 @@ def _train(argv) -> int:
     resume = None
     try:
         if args.resume is not None:
+            if args.mix:
+                raise ValueError("--resume continues the run's envs; it does not take --mix")
             resume = _resume_target(args)
             args.env_id = resume[1]["env_id"]
             cfg = resume_config(resume[1], args)
@@ -245,6 +272,10 @@ def _train(argv) -> int:
         else:
             check_env_id(args.env_id)
             cfg = build_config(args.env_id, args)
+            if args.mix:  # (counts and ids here; run_training builds one env of each group)
+                from .mix import resolve_mix
+
+                resolve_mix(args.mix, args.env_id, cfg.num_envs)
         if args.backend != "ray" and (args.ray_address is not None or args.actors is not None):
             raise ValueError("--ray-address and --actors need --backend ray")
         if args.actors is not None and args.actors < 1:
@@ -292,6 +323,7 @@ def _train(argv) -> int:
                 progress=not args.no_progress,
                 tensorboard=not args.no_tensorboard,
                 init_from=init,
+                mix=args.mix,
                 backend=args.backend,
                 ray_address=args.ray_address,
                 ray_actors=args.actors,
@@ -339,6 +371,7 @@ def build_storage(
     *,
     venv=None,
     env_kwargs=None,
+    mix=None,
     backend: str = "engine",
     ray_address: str | None = None,
     ray_actors: int | None = None,
@@ -349,8 +382,11 @@ def build_storage(
     ``cfg.num_envs`` envs of ``env_id`` on this machine's engine (``backend="engine"``)
     or in Ray actors (``"ray"``: the cluster at ``ray_address``, default a local Ray
     instance on 127.0.0.1; ``ray_actors`` actors, default one per node;
-    ``cfg.num_workers`` worker processes per actor)."""
+    ``cfg.num_workers`` worker processes per actor). ``mix``: a resolved mix of envs
+    (``fastvec.train.mix``) instead of ``env_id`` with ``env_kwargs``; on the engine it is
+    placed by cost unless ``cfg.placement`` says otherwise."""
     from .config import ConfigError
+    from .mix import is_mix, mix_factories
     from .pipeline import check_backend, ring_slots
     from .presets import env_factory
     from .storage import EngineStorage, RayEngineStorage, storage_for
@@ -364,7 +400,9 @@ def build_storage(
         )
     if venv is not None:
         return storage_for(venv, slots, pin=pin)
-    fns = [env_factory(env_id, env_kwargs)] * cfg.num_envs
+    fns = mix_factories(mix) if mix is not None else [env_factory(env_id, env_kwargs)] * cfg.num_envs
+    if len(fns) != cfg.num_envs:
+        raise ConfigError(f"the mix holds {len(fns)} envs, but num_envs={cfg.num_envs}")
     if backend == "ray":
         from ..ray import RayEngine
 
@@ -393,9 +431,12 @@ def build_storage(
                 f"share per group divides {cfg.num_envs // tr.env_groups} (the envs of a group): "
                 "each group steps on workers of its own, with as many envs each"
             ) from None
+    placement = tr.placement or ("balanced" if is_mix(mix) and tr.env_groups == 1 else "contiguous")
     engine = Engine(
         fns,
         num_workers=workers,
+        placement=placement,
+        space_check="layout" if is_mix(mix) else "equal",  # bounds may differ between groups
         num_slots=slots,
         autoreset_mode="same_step",
         context=tr.context,
@@ -430,6 +471,7 @@ def run_training(
     *,
     venv=None,
     env_kwargs: dict | None = None,
+    mix: list | None = None,
     run_dir: str | None = None,
     progress: bool = True,
     tensorboard: bool = True,
@@ -452,7 +494,9 @@ def run_training(
     ``checkpoints.resume_checkpoint``) to continue in place from its newest checkpoint;
     ``env_id`` and ``config`` default to the run's, a ``config`` given may differ in
     ``SAFE_ON_RESUME`` keys only. ``stop``: a callable the loop asks at every safe point
-    (True: checkpoint and return, ``result["interrupted"]``)."""
+    (True: checkpoint and return, ``result["interrupted"]``). ``mix``: groups of envs
+    (``fastvec.train.mix``: ``"key=value,..."`` texts or ``{"env_id", "env_kwargs",
+    "count"}`` dicts) the ``cfg.num_envs`` envs are made of, instead of ``env_kwargs``."""
     import numpy as np
     import torch
 
@@ -475,7 +519,10 @@ def run_training(
         if env_id is not None and ckpt_r.get("env_id") not in (None, env_id):
             raise ValueError(f"{path} is a run of {ckpt_r['env_id']}, not {env_id}")
         env_id = env_id or ckpt_r.get("env_id")
+        if mix is not None:
+            raise ValueError("resume continues the run's envs; it does not take a mix")
         env_kwargs = ckpt_r.get("env_kwargs") if env_kwargs is None else env_kwargs
+        mix = ckpt_r.get("mix")
         run_cfg = PPOConfig.from_dict(ckpt_r["config"])
         if config is None:
             config = run_cfg
@@ -485,6 +532,12 @@ def run_training(
     device = resolve_device(cfg.device)
     if env_id is None and venv is None:
         raise ValueError("give an env id or a vector env")
+    if mix is not None:
+        if venv is not None:
+            raise ValueError("a mix builds its own envs: give it with an env id, not with a vector env")
+        from .mix import settle_mix
+
+        env_kwargs, mix = settle_mix(mix, env_id, env_kwargs, cfg.num_envs)
     if backend not in ("engine", "ray"):
         raise ValueError(f"backend must be 'engine' or 'ray', got {backend!r}")
     if backend != "ray" and (ray_address is not None or ray_actors is not None):
@@ -520,6 +573,7 @@ def run_training(
             cfg,
             venv=venv,
             env_kwargs=env_kwargs,
+            mix=mix,
             backend=backend,
             ray_address=ray_address,
             ray_actors=ray_actors,
@@ -536,6 +590,7 @@ def run_training(
         monitor,
         env_id=env_id,
         env_kwargs=env_kwargs,
+        mix=mix,
         init=ckpt,
         resume=resume,
         stop=stop,

@@ -34,6 +34,7 @@ LR_SCHEDULES = ("linear", "constant", "adaptive")
 PIPELINES = ("lockstep", "async")
 TARGETS = ("gae", "vtrace")
 PROXIMAL = ("acting", "learner")
+PLACEMENTS = (None, "contiguous", "balanced")
 
 
 class ConfigError(ValueError):
@@ -60,9 +61,21 @@ class TransportConfig:
     """Groups of envs stepping in turn: while one group steps in its workers, the policy
     acts on another (1: every env in lock-step). Must divide ``num_envs``; each group gets
     whole workers (``num_workers`` a multiple of it); the engine backend only."""
+    placement: str | None = None
+    """Which envs each of the engine's workers runs: contiguous (runs in env order) or
+    balanced (by cost, probed on throwaway instances at start-up: ``fastvec.Engine``'s
+    ``placement``); none: balanced for a mix of envs (``--mix``), contiguous otherwise.
+    Env i's trajectory is the same in either; the engine backend, lock-step only."""
 
     def validate(self, num_envs: int) -> TransportConfig:
         _pos_int("env_groups", self.env_groups)
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(f"placement must be contiguous, balanced or none, got {self.placement!r}")
+        if self.placement == "balanced" and self.env_groups > 1:
+            raise ConfigError(
+                f"placement=balanced needs env_groups=1 (got {self.env_groups}): each batch group "
+                "steps on whole workers of its own, in env order"
+            )
         if num_envs % self.env_groups:
             raise ConfigError(f"env_groups={self.env_groups} must divide num_envs={num_envs}")
         for name in ("spin_us", "main_spin_us"):
@@ -137,8 +150,8 @@ class PPOConfig:
     total_steps: int = 1_000_000
     """Env steps (over all envs) to train for."""
     transport: TransportConfig = field(default_factory=TransportConfig)
-    """``context``, ``spin_us``, ``main_spin_us``, ``env_groups`` (also readable, settable
-    and accepted by the constructor as flat keys)."""
+    """``context``, ``spin_us``, ``main_spin_us``, ``env_groups``, ``placement`` (also
+    readable, settable and accepted by the constructor as flat keys)."""
     # ---- optimisation
     lr: float = 3e-4
     """Adam's learning rate (adaptive schedule: the first update's)."""
@@ -299,6 +312,14 @@ class PPOConfig:
     @env_groups.setter
     def env_groups(self, v: int) -> None:
         self.transport.env_groups = v
+
+    @property
+    def placement(self) -> str | None:
+        return self.transport.placement
+
+    @placement.setter
+    def placement(self, v: str | None) -> None:
+        self.transport.placement = v
 
     # ---- lr_schedule's older spelling (a --set key, a constructor keyword, in to_dict)
     @property

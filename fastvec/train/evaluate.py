@@ -27,10 +27,14 @@ def evaluate(
     training return the checkpoint was written at (the mean of its last
     ``return_window`` training episodes, stochastic actions; None where it kept none):
     published PPO figures are of either kind, and the two differ.
+
+    A run on a mix of envs (``fastvec.train.mix``) is evaluated on envs drawn evenly from
+    its groups (at least one per group), each group's mean return reported beside.
     """
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+    from .mix import group_of, mix_factories
     from .presets import check_env_id, env_factory
 
     ckpt = load_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
@@ -43,9 +47,17 @@ def evaluate(
     check_env_id(env_id)
     if episodes < 1:
         raise ValueError(f"episodes must be a positive integer, got {episodes}")
-    n = min(episodes, num_envs or 8)
-    fn = env_factory(env_id, ckpt.get("env_kwargs"))
-    venv = SyncVectorEnv([fn] * n, autoreset_mode=AutoresetMode.SAME_STEP)
+    mix = ckpt.get("mix")
+    if mix:
+        fns = mix_factories(mix)
+        n = min(episodes, num_envs or max(8, len(mix)))
+        picks = [k * len(fns) // n for k in range(n)]
+        group = group_of(mix)[picks]
+        fns = [fns[i] for i in picks]
+    else:
+        n = min(episodes, num_envs or 8)
+        fns, group = [env_factory(env_id, ckpt.get("env_kwargs"))] * n, np.zeros(n, np.int64)
+    venv = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, observation_mode="different" if mix else "same")
     try:
         check_spaces(ckpt, venv.single_observation_space, venv.single_action_space, env_id)
         torch.set_num_threads(1)
@@ -53,7 +65,7 @@ def evaluate(
         targets = np.array([(episodes + i) // n for i in range(n)])
         counts = np.zeros(n, np.int64)
         ep_ret, ep_len = np.zeros(n), np.zeros(n, np.int64)
-        returns, lengths = [], []
+        returns, lengths, groups = [], [], []
         obs, _ = venv.reset(seed=seed)
         t0 = time.perf_counter()
         while (counts < targets).any():
@@ -67,12 +79,13 @@ def evaluate(
                 if counts[i] < targets[i]:
                     returns.append(float(ep_ret[i]))
                     lengths.append(int(ep_len[i]))
+                    groups.append(int(group[i]))
                     counts[i] += 1
                 ep_ret[i], ep_len[i] = 0.0, 0
         wall = time.perf_counter() - t0
     finally:
         venv.close()
-    return {
+    out = {
         "env_id": env_id,
         "episodes": len(returns),
         "mean_return": float(np.mean(returns)),
@@ -86,6 +99,18 @@ def evaluate(
         "training_env_steps": ckpt.get("env_steps"),
         "wall_seconds": round(wall, 3),
     }
+    if mix:
+        rets, grp = np.array(returns), np.array(groups)
+        out["groups"] = [
+            {
+                "env_id": g["env_id"],
+                "env_kwargs": g["env_kwargs"],
+                "episodes": int((grp == k).sum()),
+                "mean_return": float(rets[grp == k].mean()) if (grp == k).any() else None,
+            }
+            for k, g in enumerate(mix)
+        ]
+    return out
 
 
 def _training_return(ckpt: dict) -> float | None:

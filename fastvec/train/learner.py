@@ -210,7 +210,7 @@ class _Learner:
 
     def checkpoint_on_orphan(self) -> None:
         """The collector died: keep this safe point in the run directory and say so."""
-        run_dir, env_id, env_kwargs = self.spec["checkpoint"]
+        run_dir, env_id, env_kwargs, mix = self.spec["checkpoint"]
         if not run_dir or self.snapshot is None:
             return
         from .checkpoints import save_checkpoint
@@ -218,7 +218,7 @@ class _Learner:
         ppo = self.ppo
         st = _merge_state(ppo.train_state(), self.snapshot)
         ppo.env_steps = st["env_steps"]
-        path = save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), ppo, env_id, env_kwargs, train_state=st)
+        path = save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), ppo, env_id, env_kwargs, train_state=st, mix=mix)
         _say(
             f"fastvec learner: the collector process is gone; the last safe point "
             f"({st['env_steps']} env steps) is in {path}: resume with --resume {run_dir}"

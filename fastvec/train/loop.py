@@ -31,6 +31,7 @@ import torch
 from .checkpoints import PeriodicCheckpoints, check_spaces, policy_from_checkpoint, save_checkpoint
 from .config import PPOConfig
 from .host_memory import HostPin
+from .mix import group_of
 from .monitor import process_rss, worker_health
 from .pipeline import LearnerError, Pipeline, RingSection
 from .policies import describe_policy
@@ -58,6 +59,7 @@ def train(
     *,
     env_id: str | None = None,
     env_kwargs: dict | None = None,
+    mix: list[dict] | None = None,
     init: dict | None = None,
     resume: dict | None = None,
     stop=None,
@@ -80,7 +82,9 @@ def train(
     the CLI passes the moment before it started the envs, so start-up counts). With a
     run directory (``monitor.run_dir``) and ``save``, checkpoints go there. ``learner``:
     for ``pipeline=async``, a ``fastvec.train.pipeline.LearnerProcess`` started earlier
-    (the run takes it over; default: one started here).
+    (the run takes it over; default: one started here). ``mix``: the groups of envs the
+    storage's envs are made of, in order (``fastvec.train.mix``): kept in the checkpoints,
+    each group's training return in the result (``group_mean_returns``).
     """
     try:
         cfg = cfg.validate()
@@ -101,6 +105,7 @@ def train(
         device,
         env_id,
         env_kwargs,
+        mix,
         resume,
         save,
         time.perf_counter() if t_start is None else t_start,
@@ -151,6 +156,7 @@ class _Run:
         device: torch.device,
         env_id,
         env_kwargs,
+        mix,
         resume: dict | None,
         save: bool,
         t_start: float,
@@ -158,7 +164,7 @@ class _Run:
     ):
         self.learner = learner
         self.cfg, self.storage, self.monitor, self.device = cfg, storage, monitor, device
-        self.env_id, self.env_kwargs, self.resume, self.t_start = env_id, env_kwargs, resume, t_start
+        self.env_id, self.env_kwargs, self.mix, self.resume, self.t_start = env_id, env_kwargs, mix, resume, t_start
         threshold = cfg.solve_return
         if threshold is None and cfg.stop_at_return is not None:
             threshold = cfg.stop_at_return
@@ -197,6 +203,8 @@ class _Run:
         # async: the collector acts on the CPU, into the shared rollouts; the learner has the device
         on = RingSection(storage, 0, cfg.n_steps) if pipelined else storage
         self.ppo = ppo = PPO(cfg, on, torch.device("cpu") if pipelined else self.device, policy)
+        if self.mix is not None:  # each group's training return too
+            ppo.tracker.set_groups(group_of(self.mix))
         if resume is not None:
             ppo.load_train_state(self.state)
             ppo.restart_envs(resume_seed(cfg, ppo.env_steps))
@@ -204,7 +212,9 @@ class _Run:
             storage.reset(cfg.seed)
         if pipelined:
             launched, self.learner = self.learner, None
-            self.pipe = Pipeline(cfg, storage, ppo, self.device, (self.run_dir, self.env_id, self.env_kwargs), launched)
+            self.pipe = Pipeline(
+                cfg, storage, ppo, self.device, (self.run_dir, self.env_id, self.env_kwargs, self.mix), launched
+            )
         self.restarts = restarts = _RestartWatch(storage, cfg, int(self.state.get("restarts", 0)))
         storage.on_restart = lambda: restarts.check(ppo.env_steps)  # counted (and limited) as they happen
         if self.periodic is not None:
@@ -241,7 +251,7 @@ class _Run:
             return False
         if self.periodic is not None and self.periodic.due(ppo.env_steps):
             if self.pipe is None:
-                self.periodic.save(ppo, self.env_id, self.env_kwargs, self.full_state())
+                self.periodic.save(ppo, self.env_id, self.env_kwargs, self.full_state(), mix=self.mix)
             else:
                 self.pipe.drain()  # the learner's safe point then is this one
                 self.save_learner_safe_point(self.periodic.save)
@@ -306,7 +316,7 @@ class _Run:
         view.env_steps = st["env_steps"]
         st["wall_seconds"] = self.wall(time.perf_counter())
         st["restarts"] = self.restarts.total
-        save(view, self.env_id, self.env_kwargs, st)
+        save(view, self.env_id, self.env_kwargs, st, mix=self.mix)
         return True
 
     # ------------------------------------------------------------------ failure
@@ -316,7 +326,9 @@ class _Run:
         if self.run_dir and self.pipe is not None and isinstance(exc, Exception):
             try:  # the learner's last safe point, whichever process failed
                 path = os.path.join(self.run_dir, "checkpoint.pt")
-                if self.save_learner_safe_point(lambda p, *a, **k: save_checkpoint(path, p, *a[:2], train_state=a[2])):
+                if self.save_learner_safe_point(
+                    lambda p, *a, **k: save_checkpoint(path, p, *a[:2], train_state=a[2], **k)
+                ):
                     exc.resume_from = self.run_dir
             except Exception:  # pragma: no cover - the original error matters more
                 pass
@@ -334,6 +346,7 @@ class _Run:
                     self.env_id,
                     self.env_kwargs,
                     train_state=self.full_state(self.snap if self.phase == "collect" else None),
+                    mix=self.mix,
                 )
                 exc.resume_from = self.run_dir
             except Exception:  # pragma: no cover - the original error matters more
@@ -384,6 +397,7 @@ class _Run:
                     self.env_kwargs,
                     extra={"result": dict(result)},
                     train_state=st,
+                    mix=self.mix,
                 )
             monitor.plot(
                 title=f"{self.env_id or self.storage.kind} seed {self.cfg.seed}",
@@ -402,6 +416,8 @@ class _Run:
             solved = ppo.tracker.full() and final_mean >= threshold
         out = {
             "env_id": self.env_id,
+            "mix": self.mix,
+            "group_mean_returns": ppo.tracker.group_means() if self.mix is not None else None,
             "solved": bool(solved),
             "env_steps": int(ppo.env_steps),
             "wall_seconds": round(wall, 4),
@@ -497,6 +513,8 @@ class _Metrics:
             "health/restarts": run.restarts.total + len(storage.restarts) - run.restarts.seen,
             **run.summary(),
         }
+        for k, m in enumerate(ppo.tracker.group_means()):  # a mix's groups, in --mix order
+            scal[f"mix/mean_return_{k}"] = m
         if run.pipe is not None:
             st = run.pipe.stats(now)
             scal["pipeline/policy_lag_mean"] = st["policy_lag_mean"]

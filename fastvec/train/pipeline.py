@@ -86,8 +86,13 @@ def ring_slots(cfg: PPOConfig) -> int:
 
 
 def check_backend(cfg: PPOConfig, *, venv=None, backend: str = "engine") -> None:
-    """ValueError (before any process starts) where ``pipeline=async`` cannot run: it
-    needs fastvec's own engine on this machine (the learner maps its ring)."""
+    """ValueError (before any process starts) where the backend cannot do what ``cfg``
+    asks: ``pipeline=async`` needs fastvec's own engine on this machine (the learner maps
+    its ring), and so does a ``placement`` (Ray's actors and other vector envs run their
+    envs in order)."""
+    if cfg.placement is not None and (venv is not None or backend != "engine"):
+        where = f"a vector env of your own ({type(venv).__name__})" if venv is not None else f"backend={backend!r}"
+        raise ValueError(f"placement={cfg.placement} needs fastvec's engine on this machine, not {where}")
     if cfg.pipeline != "async":
         return
     if venv is not None:
@@ -244,7 +249,7 @@ class Pipeline:
 
     ``ppo``: the collector's ``PPO`` (over section 0 of ``storage``, an ``EngineStorage``
     with ``ring_slots(cfg)`` slots; it acts on the CPU, into shared memory); ``device``:
-    the learner's; ``checkpoint_info``: ``(run_dir, env_id, env_kwargs)`` for the
+    the learner's; ``checkpoint_info``: ``(run_dir, env_id, env_kwargs, mix)`` for the
     learner's checkpoint should the collector die."""
 
     learner_separate_buffers: bool | None = None

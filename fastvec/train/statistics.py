@@ -14,12 +14,15 @@ __all__ = ["EpisodeTracker", "RewardScaler"]
 
 class EpisodeTracker:
     """Episode returns and lengths from a rollout's rewards and flags, vectorised over
-    time (a Python loop only over the episodes that ended)."""
+    time (a Python loop only over the episodes that ended). With ``set_groups`` (a run
+    on a mix of envs) each group's last ``window`` returns are kept too."""
 
     def __init__(self, n: int, window: int):
         self.ret = np.zeros(n)
         self.len = np.zeros(n, np.int64)
         self.window = collections.deque(maxlen=window)
+        self.group_of: np.ndarray | None = None
+        self.group_windows: list[collections.deque] = []
         self.recent_returns: list[float] = []
         self.recent_lengths: list[int] = []
         self.episodes = 0
@@ -39,6 +42,8 @@ class EpisodeTracker:
             r = float(self.ret[n] + cum[t, n] - base_r[n])
             length = int(self.len[n] + t + 1 - base_t[n])
             self.window.append(r)
+            if self.group_of is not None:
+                self.group_windows[self.group_of[n]].append(r)
             self.recent_returns.append(r)
             self.recent_lengths.append(length)
             self.ret[n] = 0.0
@@ -51,6 +56,15 @@ class EpisodeTracker:
 
     def mean(self):
         return float(np.mean(self.window)) if self.window else None
+
+    def set_groups(self, group_of) -> None:
+        """Env i belongs to group ``group_of[i]`` (before any episode is counted)."""
+        self.group_of = np.asarray(group_of, np.int64)
+        self.group_windows = [collections.deque(maxlen=self.window.maxlen) for _ in range(int(self.group_of.max()) + 1)]
+
+    def group_means(self) -> list[float | None]:
+        """Each group's mean over its last ``window`` returns (None: none yet)."""
+        return [float(np.mean(w)) if w else None for w in self.group_windows]
 
     def full(self) -> bool:
         return len(self.window) == self.window.maxlen
@@ -71,6 +85,7 @@ class EpisodeTracker:
             "episodes": self.episodes,
             "recent_returns": list(self.recent_returns),
             "recent_lengths": list(self.recent_lengths),
+            "group_windows": [list(w) for w in self.group_windows],
         }
 
     def load(self, state: dict) -> None:
@@ -79,6 +94,9 @@ class EpisodeTracker:
         self.episodes = int(state["episodes"])
         self.recent_returns = list(state["recent_returns"])
         self.recent_lengths = list(state["recent_lengths"])
+        for w, saved in zip(self.group_windows, state.get("group_windows", [])):  # (older states: none)
+            w.clear()
+            w.extend(saved)
 
 
 class RewardScaler:

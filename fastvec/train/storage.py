@@ -99,7 +99,8 @@ class RolloutStorage(Protocol):
 
     def transport(self) -> dict:
         """How the envs were reached, for the result: ``num_workers``, ``main_spin_us``,
-        ``env_groups``, ``backend``."""
+        ``env_groups``, ``backend``, ``placement`` (each worker's envs and measured share
+        of a step; None where the storage does not place envs)."""
         ...
 
     def close(self) -> None:
@@ -152,6 +153,7 @@ class EngineStorage:
         self._step_wait = eng.step_wait
         self.on_restart: Callable[[], None] | None = None  # called after a step in which the engine replaced a worker
         self._restarts_seen = 0
+        self._placement: dict | None = None
 
     @property
     def restarts(self) -> list[dict]:
@@ -216,10 +218,32 @@ class EngineStorage:
             "main_spin_us": self.engine.main_spin_us,
             "env_groups": len(self.groups),
             "backend": self.kind,
+            "placement": self.placement(),
         }
 
+    def placement(self) -> dict | None:
+        """Each worker's envs and measured share of a step (``Engine.placement_report``),
+        as of the close once closed; None for an engine without the report (Ray)."""
+        if self._placement is None and hasattr(self.engine, "placement_report") and not self.engine.closed:
+            return _placement_dict(self.engine.placement_report())
+        return self._placement
+
     def close(self) -> None:
+        if self._placement is None:
+            try:
+                self._placement = self.placement()
+            except Exception:  # a broken engine: nothing measured to keep
+                pass
         self.engine.close()
+
+
+def _placement_dict(report) -> dict:
+    return {
+        "mode": report.mode,
+        "workers": [list(envs) for envs in report.workers],
+        "share_us": [round(x, 1) for x in report.share_us],
+        "balance": round(report.balance, 3) if report.balance == report.balance else None,  # nan: not measured
+    }
 
 
 class RayEngineStorage(EngineStorage):
@@ -243,6 +267,7 @@ class RayEngineStorage(EngineStorage):
             "main_spin_us": None,
             "env_groups": len(self.groups),
             "backend": self.kind,
+            "placement": None,
         }
 
 
@@ -294,7 +319,13 @@ class _CopyStorage:
         return None
 
     def transport(self) -> dict:
-        return {"num_workers": self.num_workers, "main_spin_us": None, "env_groups": 1, "backend": self.kind}
+        return {
+            "num_workers": self.num_workers,
+            "main_spin_us": None,
+            "env_groups": 1,
+            "backend": self.kind,
+            "placement": None,
+        }
 
     def close(self) -> None:  # the caller owns the vector env
         pass
