@@ -43,7 +43,7 @@ def run(candidate: str, seed: int, steps: int) -> dict:
         for g in MIX:
             cmd += ["--mix", g]
         cmd += [*CANDIDATES[candidate], "--no-progress", "--no-tensorboard", "--checkpoint-every", "0"]
-        res = child_json([*cmd, "--logdir", run_dir], f"{candidate} seed {seed}", timeout=3600)
+        res = child_json([*cmd, "--logdir", run_dir], f"{candidate} seed {seed}", timeout=3600, cwd=tmp)
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f]
     first = next((r for r in rows if r.get("charts/mean_return") is not None), None)

@@ -39,13 +39,14 @@ def parse(parser: argparse.ArgumentParser, argv):
         raise
 
 
-def child_json(cmd: list, what: str, timeout: float = 1800.0) -> dict:
-    """Run a measurement in a fresh process; its last line of output is JSON. A failure
-    ends the benchmark with ``what`` and the child's stderr."""
+def child_json(cmd: list, what: str, timeout: float = 1800.0, cwd: str | None = None) -> dict:
+    """Run a measurement in a fresh process (in ``cwd``: ``python -m fastvec`` run in a
+    source checkout would import the unbuilt tree); its last line of output is JSON. A
+    failure ends the benchmark with ``what`` and the child's stderr."""
     import json
     import subprocess
 
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     if proc.returncode != 0:
         raise SystemExit(f"{what} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
