@@ -215,11 +215,12 @@ def test_probe_places_costly_envs_apart_and_reports_costs():
         assert probe[:4].min() > 2 * probe[4:].max()
         assert [sorted(i < 4 for i in w) for w in report.workers] == [[False, False, True, True]] * 2
         env.reset(seed=0)
-        for _ in range(20):
+        for _ in range(100):
             env.step(env.action_space.sample())
         report = env.placement
         env_us = np.array(report.env_us)
-        assert np.isfinite(env_us).all() and env_us[:4].min() > 2 * env_us[4:].max()
+        # (medians: a step the OS preempted lands on whichever env's clock was running)
+        assert np.isfinite(env_us).all() and np.median(env_us[:4]) > 2 * np.median(env_us[4:])
         assert report.share_us == pytest.approx([env_us[list(w)].sum() for w in report.workers])
         assert report.balance > 0.8
         assert "worker 1" in str(report)
