@@ -58,10 +58,12 @@ def _fastvec(args: list[str], cwd: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run(env_id: str, steps: int, seed: int, sets: list[str], episodes: int) -> dict:
+def run(env_id: str, steps: int, seed: int, sets: list[str], episodes: int, max_time: float | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
         train = [env_id, "--total-steps", str(steps), "--seed", str(seed), "--logdir", run_dir]
+        if max_time is not None:
+            train += ["--max-time", str(max_time)]
         train += ["--no-progress", "--no-tensorboard", "--checkpoint-every", "0"]
         for s in sets:
             train += ["--set", s]
@@ -183,10 +185,11 @@ def _num(v) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
-def report(env_id: str, steps: int, episodes: int, by: dict, command: str, took: float) -> str:
+def report(env_id: str, steps: int, episodes: int, by: dict, command: str, took: float, max_time=None) -> str:
     seeds = sorted(next(iter(by.values())))
+    budget = f"{steps:,} env steps" if max_time is None else f"{max_time:g} s of training (at most {steps:,} env steps)"
     lines = [
-        f"# Candidate presets: {env_id}, {steps:,} env steps, {len(seeds)} seeds ({took:.0f} s)",
+        f"# Candidate presets: {env_id}, {budget}, {len(seeds)} seeds ({took:.0f} s)",
         "",
         f"`python benchmarks/bench_presets.py {command}` on {platform.platform()}, {os.cpu_count()} cores. "
         f"Each seed a fresh `fastvec train`, then `fastvec eval` of its checkpoint ({episodes} deterministic "
@@ -257,6 +260,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--candidate", type=parse_candidate, action="append", required=True)
     p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--max-time", type=float, default=None, help="stop each fastvec run after this many seconds")
     p.add_argument("--out", default=None, help="folder for <name>.md and <name>.json")
     p.add_argument("--name", default=None, help="the files' name (default: the env id)")
     p.add_argument("--sb3", action="store_true", help="add SB3's PPO with RL Zoo's hyperparameters (sb3_zoo)")
@@ -270,8 +274,10 @@ def main(argv=None) -> int:
     names = [n for n, _ in args.candidate]
     if len(set(names)) != len(names):
         p.error(f"candidate names must differ: {names}")
-    if args.steps < 1 or args.episodes < 1:
-        p.error("--steps and --episodes must be positive")
+    if args.steps < 1 or args.episodes < 1 or (args.max_time is not None and not args.max_time > 0):
+        p.error("--steps, --episodes and --max-time must be positive")
+    if args.max_time is not None and args.sb3:
+        p.error("--sb3 runs SB3 for --steps: not with --max-time")
     t0 = time.time()
     by: dict = {n: {} for n in names}
     for r, seed in enumerate(args.seeds):
@@ -280,18 +286,18 @@ def main(argv=None) -> int:
             if name == SB3:
                 res = _sb3_child(args.env_id, args.steps, seed, args.episodes)
             else:
-                res = {**run(args.env_id, args.steps, seed, sets, args.episodes), "sets": sets}
+                res = {**run(args.env_id, args.steps, seed, sets, args.episodes, args.max_time), "sets": sets}
             by[name][seed] = res
             print(f"{name} seed {seed}: {res}", flush=True)
     command = " ".join(argv)
-    md = report(args.env_id, args.steps, args.episodes, by, command, time.time() - t0)
+    md = report(args.env_id, args.steps, args.episodes, by, command, time.time() - t0, args.max_time)
     print(md, end="")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, (args.name or args.env_id).replace("/", "_"))
         open(stem + ".md", "w").write(md)
         json.dump(
-            {"env_id": args.env_id, "steps": args.steps, "runs": by, "command": command},
+            {"env_id": args.env_id, "steps": args.steps, "max_time": args.max_time, "runs": by, "command": command},
             open(stem + ".json", "w"),
             indent=1,
         )

@@ -58,13 +58,16 @@ def _num(v) -> str:
 
 
 def task_section(res: dict, chart: str, sb3: dict | None = None) -> list[str]:
-    env_id, steps = res["env_id"], res["steps"]
+    env_id, steps, max_time = res["env_id"], res["steps"], res.get("max_time")
+    budget = f"{steps:,} env steps" if max_time is None else f"{max_time / 60:g} minutes of training"
     lines = [
-        f"## {env_id}, {steps:,} env steps",
+        f"## {env_id}, {budget}",
         "",
         f"`python benchmarks/bench_presets.py {res['command']}`",
         "",
     ]
+    if res.get("note"):  # said of the run after it ran (an older preset, say)
+        lines += [res["note"], ""]
     if env_id in PUBLISHED:
         lines += ["| published | env | env steps | return |", "|---|---|---|---:|"]
         lines += [f"| {src} | {env} | {n} | {ret} |" for src, env, n, ret in PUBLISHED[env_id]]

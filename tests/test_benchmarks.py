@@ -386,6 +386,109 @@ def test_preset_candidates_train_evaluate_and_report(tmp_path, capsys):
     assert "candidate names must differ" in capsys.readouterr().err
 
 
+def test_preset_candidates_by_wall_time(tmp_path, capsys):
+    """bench_presets.py --max-time: each run stopped by time (fastvec train --max-time),
+    evaluated as usual; the report names the budget. Not with --sb3 (SB3 runs by steps)."""
+    import bench_presets
+
+    argv = ["CartPole-v1", "--steps", "100000000", "--max-time", "1", "--seeds", "1", "--episodes", "1"]
+    assert bench_presets.main([*argv, "--candidate", "preset:", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "CartPole-v1.json").read_text())
+    (r,) = res["runs"]["preset"].values()
+    assert res["max_time"] == 1.0 and 1.0 <= r["wall_seconds"] < 10 and 0 < r["env_steps"] < 10**8
+    assert "1 s of training (at most 100,000,000 env steps)" in (tmp_path / "CartPole-v1.md").read_text()
+    with pytest.raises(SystemExit):
+        bench_presets.main(["HalfCheetah-v5", *argv[1:], "--candidate", "a:", "--sb3"])
+    assert "not with --max-time" in capsys.readouterr().err
+
+
+def _search_args(tmp_path, **kw):
+    import argparse
+
+    base = dict(seeds=[1, 2, 3], max_time=1.0, trials=6, baseline=[("preset", [])], previous=[], sampler_seed=0)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_preset_search_scores_the_worst_seed_and_prunes(tmp_path):
+    """benchmarks/search_presets.py against a fake trainer whose returns are known: a trial
+    scores its worst seed; a seed at or below the best score so far ends the trial; the
+    best of the complete trials is the true best of those drawn; a resumed search adds
+    to the same record; a failing run is kept as failed."""
+    import search_presets as sp
+
+    space = {"lr": ["1", "2", "3"], "n_epochs": ["1", "2"]}
+    calls = []
+
+    def runner(seed, sets, max_time):  # return: lr * 100 + epochs * 10, less 50 on seed 3
+        calls.append((seed, tuple(sets)))
+        p = dict(s.split("=") for s in sets)
+        if p.get("n_epochs") == "0":
+            raise SystemExit("fastvec train failed:\nbad value")
+        ret = float(p.get("lr", "2")) * 100 + float(p.get("n_epochs", "1")) * 10 - (50 if seed == 3 else 0)
+        return {"seed": seed, "train_return": ret, "env_steps": 100, "wall_seconds": max_time, "curve": []}
+
+    saved = []
+    trials = sp.search(_search_args(tmp_path), space, runner, lambda t: saved.append(len(t)))
+    assert saved == list(range(1, 8)) and [t["name"] for t in trials] == ["preset"] + [f"trial{i}" for i in range(6)]
+    assert trials[0]["state"] == "complete" and sp.score([r["train_return"] for r in trials[0]["runs"]]) == 160
+    bar = 160.0
+    for t in trials[1:]:
+        p = t["params"]
+        full = float(p["lr"]) * 100 + float(p["n_epochs"]) * 10
+        rets = [r["train_return"] for r in t["runs"]]
+        if full <= bar:  # seed 1 already at or below the best: pruned after it
+            assert t["state"] == "pruned" and rets == [full]
+        else:
+            assert t["state"] == "complete" and rets == [full, full, full - 50]
+            bar = max(bar, full - 50)
+    assert sp.best_score(trials) == bar
+    md = sp.report("X-v0", 1.0, [1, 2, 3], trials, "X-v0 ...", 60.0)
+    best = max(
+        (t for t in trials if t["state"] == "complete"), key=lambda t: sp.score([r["train_return"] for r in t["runs"]])
+    )
+    assert md.splitlines()[6].startswith(f"| {best['name']} | complete | {bar:,.0f} |")
+    # resumed: the record goes on from trial6, the baseline is not run again
+    calls.clear()
+    more = sp.search(_search_args(tmp_path, trials=2, previous=trials), space, runner, lambda t: None)
+    assert [t["name"] for t in more[7:]] == ["trial6", "trial7"] and all(s in (1, 2, 3) for s, _ in calls)
+    assert not any(sets == () for _, sets in calls)
+    # a run the trainer refuses: the trial is failed, the search goes on
+    bad = sp.search(
+        _search_args(tmp_path, trials=1, baseline=[("zero", ["n_epochs=0"])]), space, runner, lambda t: None
+    )
+    assert bad[0]["state"] == "failed" and "bad value" in bad[0]["error"] and bad[0]["runs"] == []
+    assert bad[1]["state"] == "complete"  # the bar stayed -inf: every seed ran
+
+
+def test_preset_search_runs_fastvec_train_by_time(tmp_path, capsys):
+    """search_presets.py end to end: real runs stopped by --max-time, the JSON and table
+    written; one-line refusals."""
+    import search_presets as sp
+
+    argv = ["CartPole-v1", "--max-time", "1", "--seeds", "1", "--trials", "1", "--space", "classic"]
+    argv += ["--baseline", "preset:", "--out", str(tmp_path)]
+    assert sp.main(argv) == 0
+    res = json.loads((tmp_path / "CartPole-v1.json").read_text())
+    assert [t["name"] for t in res["trials"]] == ["preset", "trial0"]
+    for t in res["trials"]:
+        (r,) = t["runs"]
+        assert r["env_steps"] > 0 and 1.0 <= r["wall_seconds"] < 10
+        assert r["curve"][-1] == [r["env_steps"], r["wall_seconds"], r["train_return"]]
+    assert sp.main([*argv[:-2], "--out", str(tmp_path), "--resume", "--trials", "1"]) == 0
+    res = json.loads((tmp_path / "CartPole-v1.json").read_text())
+    assert [t["name"] for t in res["trials"]] == ["preset", "trial0", "trial1"]
+    capsys.readouterr()
+    for bad, msg in (
+        (["--max-time", "0"], "--max-time must be positive"),
+        (["--max-time", "1", "--baseline", "trialx:"], "baseline names"),
+        (["--max-time", "1", "--resume"], "--resume needs"),
+        (["--max-time", "1", "--param", "lr"], "key=value1|value2"),
+    ):
+        with pytest.raises(SystemExit):
+            sp.main(["CartPole-v1", *bad])
+        assert msg in capsys.readouterr().err
+
+
 def test_preset_sb3_anchor(tmp_path, capsys):
     """bench_presets.py --sb3: SB3's PPO with RL Zoo's hyperparameters trained and evaluated
     as one more candidate; the anchor line times each candidate's curve to SB3's return."""

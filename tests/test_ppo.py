@@ -661,7 +661,7 @@ MUJOCO_PRESETS = [e for e in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant
 @pytest.mark.parametrize("pipeline", ["lockstep", "async"])
 def test_mujoco_preset_trains_resumes_and_evaluates(tmp_path, capsys, env_id, pipeline):
     """Each MuJoCo preset as a user runs it, short: trained with a --set override on either
-    pipeline, resumed, evaluated; its checkpoint holds the preset's policy sizes."""
+    pipeline, resumed, evaluated; its checkpoint holds the preset's policy and schedule."""
     pytest.importorskip("mujoco")
     preset = preset_for(env_id)
     run = tmp_path / "run"
@@ -670,6 +670,8 @@ def test_mujoco_preset_trains_resumes_and_evaluates(tmp_path, capsys, env_id, pi
     assert cli_main("train", [env_id, "--total-steps", str(steps), "--logdir", str(run), *short]) == 0
     ckpt = load_checkpoint(str(run / "checkpoint.pt"))
     assert ckpt["config"]["hidden"] == list(preset.get("hidden", PPOConfig().hidden))
+    for key in ("log_std_init", "lr_schedule", "minibatch_size"):  # what the presets choose
+        assert ckpt["config"][key] == preset.get(key, getattr(PPOConfig(), key)), key
     assert ckpt["config"]["n_steps"] == 16 and ckpt["env_steps"] == steps
     more = [env_id, "--total-steps", str(2 * steps), "--resume", str(run), "--no-progress", "--no-tensorboard"]
     assert cli_main("train", more) == 0

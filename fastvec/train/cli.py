@@ -6,7 +6,7 @@ which knows none of them. This is the only importer of ``fastvec.ray``.
 
     fastvec train ENV_ID [--seed N] [--num-envs N] [--num-workers N] [--total-steps N]
                   [--mix [id=ID,][count=N,]key=value,... ...]
-                  [--stop-at-return R] [--device auto|cpu|cuda] [--logdir DIR]
+                  [--stop-at-return R] [--max-time 5m] [--device auto|cpu|cuda] [--logdir DIR]
                   [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
                   [--checkpoint-every N] [--backend engine|ray] [--ray-address ADDR] [--actors N]
     fastvec train --resume RUN_DIR [--total-steps N] [--set safe_key=value ...]
@@ -75,6 +75,14 @@ def _train_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="stop once the mean return of the last 20 episodes reaches this",
+    )
+    p.add_argument(
+        "--max-time",
+        type=duration,
+        default=None,
+        metavar="DURATION",
+        help="stop at the first safe point after this much wall time, e.g. 300, 90s, 5m, 1.5h "
+        "(the final checkpoint and result as at the end; the schedules do not change)",
     )
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
     p.add_argument("--logdir", default=None, help="run directory (default: runs/ENV-seedN-TIME)")
@@ -168,6 +176,22 @@ def build_config(env_id: str, args):
     return cfg.validate()
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """``--max-time``: seconds, or a number with s, m or h (``90s``, ``5m``, ``1.5h``)."""
+    t = text.strip().lower()
+    scale = _UNITS.get(t[-1:], None)
+    try:
+        v = float(t[:-1] if scale else t) * (scale or 1.0)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive duration like 300, 90s, 5m or 1.5h, got {text!r}")
+    return v
+
+
 def _mix_num_envs(cfg, args) -> None:
     """Where every ``--mix`` group gives its count, they set ``num_envs`` (one given too
     must agree)."""
@@ -191,6 +215,7 @@ def _apply_flags(cfg, args) -> None:
         "num_envs": args.num_envs,
         "num_workers": args.num_workers,
         "stop_at_return": args.stop_at_return,
+        "max_seconds": getattr(args, "max_time", None),
         "device": args.device,
     }
     for name, value in (("total_steps", args.total_steps), ("checkpoint_every", args.checkpoint_every)):

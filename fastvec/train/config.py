@@ -258,6 +258,10 @@ class PPOConfig:
     half of autograd's time here), torch (autograd), or auto (numpy where it applies)."""
     stop_at_return: float | None = None
     """Stop once the mean return of the last ``return_window`` episodes reaches this."""
+    max_seconds: float | None = None
+    """Stop at the first safe point after this many seconds of the run's wall time (counted
+    over resumes, as ``wall_seconds``); the schedules do not depend on it: a run stopped by
+    time is the beginning of the same run told more time."""
     solve_return: float | None = None
     """The return reported as "solved" (default: the preset's, else the env spec's)."""
     return_window: int = 20
@@ -376,7 +380,7 @@ class PPOConfig:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a non-negative number, got {v!r}")
-        for name in ("target_kl", "clip_vf", "step_timeout"):
+        for name in ("target_kl", "clip_vf", "step_timeout", "max_seconds"):
             v = getattr(self, name)
             if v is not None and not (v > 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a positive number or none, got {v!r}")
@@ -590,6 +594,7 @@ SAFE_ON_RESUME = frozenset(
         "max_policy_lag",
         "rollout_buffers",
         "stop_at_return",
+        "max_seconds",
         "solve_return",
         "device",
         "torch_threads",

@@ -182,7 +182,7 @@ class _Run:
         self.restarts: _RestartWatch | None = None
         self.pin = self.bar = self.metrics = None
         self.t_ready = t_start
-        self.solved = self.interrupted = False
+        self.solved = self.interrupted = self.out_of_time = False
         self.phase = "start"
         self.snap = None  # RNG state at the last safe point
         self.lost = None
@@ -242,12 +242,15 @@ class _Run:
     # ------------------------------------------------------------------ one iteration
     def iterate(self, stop) -> bool:
         """A safe point, a rollout and (unless the run ends with it) an update; False
-        once the run ends (stop request, solved, or its steps done)."""
+        once the run ends (stop request, solved, ``max_seconds`` spent, or its steps done)."""
         cfg, ppo = self.cfg, self.ppo
         self.phase = "safe point"
         self.restarts.check(ppo.env_steps)
         if stop is not None and stop():
             self.interrupted = True
+            return False
+        if cfg.max_seconds is not None and self.wall(time.perf_counter()) >= cfg.max_seconds:
+            self.out_of_time = True
             return False
         if self.periodic is not None and self.periodic.due(ppo.env_steps):
             if self.pipe is None:
@@ -449,6 +452,7 @@ class _Run:
             # sleeps that no doorbell ended, found by the engine's 100 ms look at the flags (None: not the engine)
             "lost_wakeups": self.lost,
             "interrupted": self.interrupted,
+            "out_of_time": self.out_of_time,  # stopped by max_seconds
             "resumed": self.resume is not None or bool(self.state.get("resumed")),
             "pipeline": cfg.pipeline,
         }
