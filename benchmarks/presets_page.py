@@ -54,7 +54,8 @@ def return_at(curve: list, wall_s: float) -> float | None:
 
 
 def _num(v) -> str:
-    return "-" if v is None else f"{v:,.0f}"
+    """A return for a table: thousands separated; "-" for none (or a score of no episode)."""
+    return "-" if v is None or v == float("-inf") else f"{v:,.0f}"
 
 
 def task_section(res: dict, chart: str, sb3: dict | None = None) -> list[str]:

@@ -30,6 +30,7 @@ import time
 
 from bench_presets import _fastvec, learning_curve, parse_candidate
 from harness.common import span
+from presets_page import _num
 
 # The search spaces: each key's values (``--set`` text). "none" is the config's none.
 SPACES = {
@@ -182,10 +183,6 @@ def report(env_id: str, max_time: float, seeds: list[int], trials: list[dict], c
     walls = [r["wall_seconds"] for t in trials for r in t["runs"]]
     lines += ["", f"Runs: {len(walls)}, wall time each {span(walls, '{:.0f}')} s."]
     return "\n".join(lines) + "\n"
-
-
-def _num(v) -> str:
-    return "-" if v is None or v == float("-inf") else f"{v:,.0f}"
 
 
 def main(argv=None) -> int:
