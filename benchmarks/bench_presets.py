@@ -68,15 +68,15 @@ def run(env_id: str, steps: int, seed: int, sets: list[str], episodes: int, max_
         for s in sets:
             train += ["--set", s]
         trained = _fastvec(["train", *train], tmp)
-        ev = _fastvec(["eval", run_dir, "--episodes", str(episodes)], tmp)
+        ev = _fastvec(["eval", run_dir, "--episodes", str(episodes)], tmp) if episodes else {}
         curve = learning_curve(os.path.join(run_dir, "metrics.jsonl"))
         curve.append([trained["env_steps"], trained["wall_seconds"], trained["final_mean_return"]])
     return {
         "wall_seconds": trained["wall_seconds"],
         "env_steps": trained["env_steps"],
         "train_return": trained["final_mean_return"],
-        "eval_mean": ev["mean_return"],
-        "eval_std": ev["std_return"],
+        "eval_mean": ev.get("mean_return"),  # None with episodes=0: no evaluation
+        "eval_std": ev.get("std_return"),
         "curve": curve,
     }
 

@@ -25,10 +25,9 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 
-from bench_presets import _fastvec, learning_curve, parse_candidate
+from bench_presets import parse_candidate, run
 from harness.common import span
 from presets_page import _num
 
@@ -56,6 +55,7 @@ SPACES = {
     },
 }
 
+_STATES: dict = {}  # a trial's state here -> Optuna's (filled once Optuna is imported)
 LONG = 10**9  # --total-steps of a run stopped by time: no schedule may end inside it
 
 
@@ -73,24 +73,10 @@ def score(returns: list) -> float:
 
 
 def run_seed(env_id: str, seed: int, sets: list[str], max_time: float) -> dict:
-    """One fresh ``fastvec train`` stopped by ``max_time``: its final training return,
-    steps, wall time and learning curve."""
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir = os.path.join(tmp, "run")
-        args = [env_id, "--total-steps", str(LONG), "--max-time", str(max_time), "--seed", str(seed)]
-        args += ["--logdir", run_dir, "--no-progress", "--no-tensorboard", "--checkpoint-every", "0"]
-        for s in sets:
-            args += ["--set", s]
-        out = _fastvec(["train", *args], tmp)
-        curve = learning_curve(os.path.join(run_dir, "metrics.jsonl"))
-    curve.append([out["env_steps"], out["wall_seconds"], out["final_mean_return"]])
-    return {
-        "seed": seed,
-        "train_return": out["final_mean_return"],
-        "env_steps": out["env_steps"],
-        "wall_seconds": out["wall_seconds"],
-        "curve": curve,
-    }
+    """One fresh ``fastvec train`` stopped by ``max_time`` (``bench_presets.run``, no
+    evaluation): its final training return, steps, wall time and learning curve."""
+    r = run(env_id, LONG, seed, sets, episodes=0, max_time=max_time)
+    return {"seed": seed, **{k: r[k] for k in ("train_return", "env_steps", "wall_seconds", "curve")}}
 
 
 def run_trial(name: str, sets: list[str], seeds: list[int], bar: float, runner, max_time: float) -> dict:
@@ -120,6 +106,8 @@ def search(args, space: dict, runner, save) -> list[dict]:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    st = optuna.trial.TrialState
+    _STATES.update(complete=st.COMPLETE, pruned=st.PRUNED, failed=st.FAIL)
     dists = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
     study = optuna.create_study(
         direction="maximize", sampler=optuna.samplers.TPESampler(seed=args.sampler_seed, multivariate=True)
@@ -127,7 +115,7 @@ def search(args, space: dict, runner, save) -> list[dict]:
     trials = list(args.previous)
     for t in trials:  # a resumed search: what the sampler already knows
         if t["name"].startswith("trial") and set(t["params"]) == set(space):
-            state = getattr(optuna.trial.TrialState, t["state"].upper())
+            state = _STATES[t["state"]]
             value = score([r["train_return"] for r in t["runs"]]) if t["state"] == "complete" else None
             study.add_trial(
                 optuna.trial.create_trial(params=t["params"], distributions=dists, value=value, state=state)
@@ -148,7 +136,7 @@ def search(args, space: dict, runner, save) -> list[dict]:
         if t["state"] == "complete":
             study.tell(trial, score([r["train_return"] for r in t["runs"]]))
         else:
-            study.tell(trial, state=getattr(optuna.trial.TrialState, t["state"].upper()))
+            study.tell(trial, state=_STATES[t["state"]])
         trials.append(t)
         save(trials)
     return trials

@@ -458,6 +458,12 @@ def test_preset_search_scores_the_worst_seed_and_prunes(tmp_path):
     )
     assert bad[0]["state"] == "failed" and "bad value" in bad[0]["error"] and bad[0]["runs"] == []
     assert bad[1]["state"] == "complete"  # the bar stayed -inf: every seed ran
+    drawn = sp.search(_search_args(tmp_path, trials=2, baseline=[]), {"n_epochs": ["0"]}, runner, lambda t: None)
+    assert [t["state"] for t in drawn] == ["failed", "failed"]  # told to the sampler as failed
+    again = sp.search(
+        _search_args(tmp_path, trials=1, baseline=[], previous=drawn), {"n_epochs": ["0"]}, runner, lambda t: None
+    )
+    assert [t["name"] for t in again] == ["trial0", "trial1", "trial2"]
 
 
 def test_preset_search_runs_fastvec_train_by_time(tmp_path, capsys):
