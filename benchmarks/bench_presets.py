@@ -15,7 +15,10 @@ seeds with the range, and the **worst seed's** evaluation (what the next user ma
 Every run's learning curve is kept in the JSON (``presets_page.py`` draws them).
 
 ``--sb3`` adds the anchor: SB3's PPO with RL Zoo's hyperparameters for the task, trained
-and evaluated the same way, and each candidate's wall time to SB3's final training return.
+(for ``--sb3-steps``, default ``--steps``) and evaluated the same way, and each
+candidate's wall time to SB3's final training return. The question is time, so the
+candidates may run longer than SB3 (``--steps 1000000 --sb3-steps 200000``): a candidate
+stopped at SB3's step count may not have reached SB3's return yet.
 """
 
 from __future__ import annotations
@@ -185,9 +188,13 @@ def _num(v) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
-def report(env_id: str, steps: int, episodes: int, by: dict, command: str, took: float, max_time=None) -> str:
+def report(
+    env_id: str, steps: int, episodes: int, by: dict, command: str, took: float, max_time=None, sb3_steps=None
+) -> str:
     seeds = sorted(next(iter(by.values())))
     budget = f"{steps:,} env steps" if max_time is None else f"{max_time:g} s of training (at most {steps:,} env steps)"
+    if SB3 in by and sb3_steps not in (None, steps):
+        budget += f", SB3 {sb3_steps:,}"
     lines = [
         f"# Candidate presets: {env_id}, {budget}, {len(seeds)} seeds ({took:.0f} s)",
         "",
@@ -264,6 +271,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="folder for <name>.md and <name>.json")
     p.add_argument("--name", default=None, help="the files' name (default: the env id)")
     p.add_argument("--sb3", action="store_true", help="add SB3's PPO with RL Zoo's hyperparameters (sb3_zoo)")
+    p.add_argument("--sb3-steps", type=int, default=None, help="SB3's env steps (default: --steps)")
     args = p.parse_args(argv)
     if any(n == SB3 for n, _ in args.candidate):
         p.error(f"{SB3} is --sb3's candidate; name yours otherwise")
@@ -278,26 +286,38 @@ def main(argv=None) -> int:
         p.error("--steps, --episodes and --max-time must be positive")
     if args.max_time is not None and args.sb3:
         p.error("--sb3 runs SB3 for --steps: not with --max-time")
+    if args.sb3_steps is not None and not args.sb3:
+        p.error("--sb3-steps needs --sb3")
+    sb3_steps = args.steps if args.sb3_steps is None else args.sb3_steps
+    if sb3_steps < 1:
+        p.error("--sb3-steps must be positive")
     t0 = time.time()
     by: dict = {n: {} for n in names}
     for r, seed in enumerate(args.seeds):
         order = args.candidate if r % 2 == 0 else args.candidate[::-1]
         for name, sets in order:
             if name == SB3:
-                res = _sb3_child(args.env_id, args.steps, seed, args.episodes)
+                res = _sb3_child(args.env_id, sb3_steps, seed, args.episodes)
             else:
                 res = {**run(args.env_id, args.steps, seed, sets, args.episodes, args.max_time), "sets": sets}
             by[name][seed] = res
             print(f"{name} seed {seed}: {res}", flush=True)
     command = " ".join(argv)
-    md = report(args.env_id, args.steps, args.episodes, by, command, time.time() - t0, args.max_time)
+    md = report(args.env_id, args.steps, args.episodes, by, command, time.time() - t0, args.max_time, sb3_steps)
     print(md, end="")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, (args.name or args.env_id).replace("/", "_"))
         open(stem + ".md", "w").write(md)
         json.dump(
-            {"env_id": args.env_id, "steps": args.steps, "max_time": args.max_time, "runs": by, "command": command},
+            {
+                "env_id": args.env_id,
+                "steps": args.steps,
+                "sb3_steps": sb3_steps if args.sb3 else None,
+                "max_time": args.max_time,
+                "runs": by,
+                "command": command,
+            },
             open(stem + ".json", "w"),
             indent=1,
         )

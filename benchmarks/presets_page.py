@@ -61,6 +61,8 @@ def _num(v) -> str:
 def task_section(res: dict, chart: str, sb3: dict | None = None) -> list[str]:
     env_id, steps, max_time = res["env_id"], res["steps"], res.get("max_time")
     budget = f"{steps:,} env steps" if max_time is None else f"{max_time / 60:g} minutes of training"
+    if res.get("sb3_steps") not in (None, steps):
+        budget += f" (SB3: {res['sb3_steps']:,})"
     lines = [
         f"## {env_id}, {budget}",
         "",

@@ -506,13 +506,19 @@ def test_preset_sb3_anchor(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench_presets.main(["CartPole-v1", "--steps", "10", "--candidate", "sb3_zoo:lr=1"])
     assert "is --sb3's candidate" in capsys.readouterr().err
-    argv = ["HalfCheetah-v5", "--steps", "1024", "--seeds", "1", "--episodes", "1", "--out", str(tmp_path)]
-    assert bench_presets.main([*argv, "--candidate", "preset:", "--sb3"]) == 0
+    with pytest.raises(SystemExit):
+        bench_presets.main(["CartPole-v1", "--steps", "10", "--candidate", "a:", "--sb3-steps", "5"])
+    assert "--sb3-steps needs --sb3" in capsys.readouterr().err
+    # the candidates may run longer than SB3: the anchor asks for time, not steps
+    argv = ["HalfCheetah-v5", "--steps", "2048", "--seeds", "1", "--episodes", "1", "--out", str(tmp_path)]
+    assert bench_presets.main([*argv, "--candidate", "preset:", "--sb3", "--sb3-steps", "1024"]) == 0
     res = json.loads((tmp_path / "HalfCheetah-v5.json").read_text())
     sb3 = res["runs"]["sb3_zoo"]["1"]
+    assert res["sb3_steps"] == 1024 and res["runs"]["preset"]["1"]["env_steps"] >= 2048
     assert sb3["env_steps"] == 1024 and math.isfinite(sb3["eval_mean"]) and sb3["wall_seconds"] > 0
     assert sb3["curve"][-1][:2] == [1024, round(sb3["wall_seconds"], 2)]
-    assert "SB3 anchor:" in (tmp_path / "HalfCheetah-v5.md").read_text()
+    md = (tmp_path / "HalfCheetah-v5.md").read_text()
+    assert "SB3 anchor:" in md and "2,048 env steps, SB3 1,024, 1 seeds" in md
 
 
 def test_preset_anchor_times_each_curve_to_the_sb3_return():
@@ -553,6 +559,10 @@ def test_presets_page_from_saved_runs(tmp_path):
     assert "| cand | 1 | 200 | 40 | 10 | 20 | - | - | 55 +- 5 |" in md
     assert "2,410 +- 10" in md and "- cand: `lr=1e-3`" in md
     assert (tmp_path / "docs" / "results" / "Hopper-v5.png").stat().st_size > 0
+    assert (
+        presets_page.task_section({**res, "sb3_steps": 1000}, "c.png")[0]
+        == "## Hopper-v5, 4,000 env steps (SB3: 1,000)"
+    )
     with pytest.raises(SystemExit):
         presets_page.main([str(tmp_path / "docs" / "results"), "--out", str(out)])
 
