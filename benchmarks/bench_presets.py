@@ -282,15 +282,13 @@ def main(argv=None) -> int:
     names = [n for n, _ in args.candidate]
     if len(set(names)) != len(names):
         p.error(f"candidate names must differ: {names}")
-    if args.steps < 1 or args.episodes < 1 or (args.max_time is not None and not args.max_time > 0):
-        p.error("--steps, --episodes and --max-time must be positive")
+    sb3_steps = args.steps if args.sb3_steps is None else args.sb3_steps
+    if min(args.steps, sb3_steps, args.episodes) < 1 or (args.max_time is not None and not args.max_time > 0):
+        p.error("--steps, --sb3-steps, --episodes and --max-time must be positive")
     if args.max_time is not None and args.sb3:
         p.error("--sb3 runs SB3 for --steps: not with --max-time")
     if args.sb3_steps is not None and not args.sb3:
         p.error("--sb3-steps needs --sb3")
-    sb3_steps = args.steps if args.sb3_steps is None else args.sb3_steps
-    if sb3_steps < 1:
-        p.error("--sb3-steps must be positive")
     t0 = time.time()
     by: dict = {n: {} for n in names}
     for r, seed in enumerate(args.seeds):
