@@ -34,10 +34,10 @@ Where the numbers come from:
   steps (deterministic evaluation 3,274-3,442 on 3 seeds against 1,469-3,204, under 3
   minutes a run; RL Zoo's published PPO: 2,410).
 - Walker2d-v5: CleanRL's with minibatches of 64 (CleanRL's 32 gradient steps a
-  rollout's epoch), chosen at 1M steps (deterministic evaluation 4,429 median, 4,122 the
-  worst, about 3 minutes a run; minibatches of 256: 3,759 and 2,562; RL Zoo's: 3,479)
-  and kept by the search (the worst of 3 seeds after 2 minutes: 2,386, the best of the
-  8 candidates tried).
+  rollout's epoch), chosen at 1M steps against minibatches of 256 and kept by the search
+  (the worst of 3 seeds after 2 minutes: 2,386, the best of the 8 candidates tried);
+  deterministic evaluation at 1M steps 4,672 median, 3,354 the worst, about 3.5 minutes
+  a run (RL Zoo's: 3,479).
 - ALE/*-v5 (Pong): CleanRL's ``ppo_atari`` (8 envs, n_steps 128, 4 epochs, 4
   minibatches, lr 2.5e-4 annealed, clip 0.1, ent 0.01), with ``frameskip=1,
   repeat_action_probability=0`` and ``AtariPreprocessing(frame_skip=4, screen_size=84,
