@@ -216,6 +216,45 @@ def test_prepare_uses_the_weights_that_acted(no_leaks):
         sto.close()
 
 
+def test_prepare_with_the_learners_own_weights_among_the_acting(no_leaks, monkeypatch):
+    """values_of=learner where the learner's current version acted the later steps (as in a
+    run with a lag): one behaviour pass, for the older weights only; every step's old
+    log-prob is still that of the weights that acted, every value the current weights'."""
+    cfg = _pendulum_cfg(n_steps=40, num_envs=3, normalize_obs=False, normalize_reward=False, proximal_policy="acting")
+    versions = np.array([4] * 14 + [5] * 26)
+    ppo0 = PPO(cfg, _dummy_storage(cfg), torch.device("cpu"))
+    weights = {v: torch.empty_like(ppo0.flat_param.detach()) for v in (4, 5)}
+    ppo, sto = _acted_rollout(cfg, versions, weights)
+    try:
+        ppo.updates = 5
+        with torch.no_grad():
+            ppo.flat_param.copy_(weights[5])
+        passes = []
+        real_pass = ppo._behaviour_pass
+        monkeypatch.setattr(ppo, "_behaviour_pass", lambda rows, boot: passes.append(len(rows)) or real_pass(rows, boot))
+        ppo.prepare((versions, weights))
+        T = cfg.n_steps
+        assert passes == [14, T + 1]  # version 4's steps, then the learner's pass over all
+        ro, pol = ppo.rollout, ppo.policy
+        with torch.no_grad():
+            params, val = pol.params_and_value(ro.obs.reshape(-1, 3))
+            np.testing.assert_allclose(ro.values_np, val.view(T + 1, -1).numpy(), rtol=1e-5, atol=1e-6)
+            for t in range(T):
+                ppo.flat_param.copy_(weights[int(versions[t])])
+                lp = pol.dist.log_prob(pol.params_and_value(ro.obs[t])[0], ro.raw[t])
+                np.testing.assert_allclose(ro.logp[t].numpy(), lp.numpy(), rtol=1e-5, atol=1e-5)
+            assert torch.equal(ppo.flat_param, weights[int(versions[-1])])
+        # the current weights' own steps: log-ratio 0, so the samples' weights are 1 there
+        ppo.cfg.proximal_policy = "learner"
+        with torch.no_grad():
+            ppo.flat_param.copy_(weights[5])
+        ppo.prepare((versions, weights))
+        w = ppo.adv_weights.view(T, -1)
+        assert torch.equal(w[14:], torch.ones_like(w[14:])) and (w[:14] < 1).any()
+    finally:
+        sto.close()
+
+
 def _dummy_storage(cfg):
     from types import SimpleNamespace
 

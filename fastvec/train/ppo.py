@@ -421,21 +421,28 @@ class PPO:
         else:
             versions, weights = acted_by
             by_step = np.append(versions, versions[-1])  # slot T's value: the last step's weights
+            learner_pass = cfg.values_of == "learner" and not pol.values_at_act
+            acted = np.unique(by_step)
+            current = weights.get(self.updates) if learner_pass else None
+            mine = self.updates if current is not None and torch.equal(current, self.flat_param) else -1
+            acted = acted[acted != mine]  # the learner's pass below gives the log-probs of the steps it acted
             now = self.flat_param.detach().clone()
             boots = []
-            for v in np.unique(by_step):
+            for v in acted:
                 self.flat_param.copy_(weights[int(v)])
                 rows = np.flatnonzero(by_step == v)
                 in_rows = np.zeros_like(boot)
-                in_rows[rows[rows < T]] = True
+                if not learner_pass:  # else the learner's pass bootstraps every truncation
+                    in_rows[rows[rows < T]] = True
                 boots.append(self._behaviour_pass(rows, boot & in_rows))
             self.flat_param.copy_(now)
-            if cfg.values_of == "learner" and not pol.values_at_act:
+            if learner_pass:
                 # the values (and bootstraps) of the learner's current weights; the log-probs stay the acting ones'
                 acting_logp = ro.logp.clone()
                 boots = [self._behaviour_pass(np.arange(T + 1), boot)]
                 current_logp = ro.logp.clone()  # the same pass's: log_rhos need no pass of their own
-                ro.logp.copy_(acting_logp)
+                by_me = torch.from_numpy(versions == mine).to(self.device).unsqueeze(1)
+                ro.logp.copy_(torch.where(by_me, current_logp, acting_logp))
         ro.values_to_host()
         np.copyto(ro.next_values_np, ro.values_np[1:])
         for found in boots:
