@@ -298,6 +298,37 @@ def test_vtrace_targets_on_policy_are_gaes(no_leaks):
         sto.close()
 
 
+def test_auto_targets_are_gae_on_policy_and_vtrace_with_a_lag(no_leaks):
+    """targets=auto (the default): GAE's where the learner's weights acted the whole
+    rollout, V-trace's where older weights acted some of it."""
+    cfg = _pendulum_cfg(n_steps=40, num_envs=2, normalize_obs=False, normalize_reward=False)
+    assert cfg.targets == "auto"
+    versions = np.array([0] * 15 + [1] * 25)
+    ppo0 = PPO(cfg, _dummy_storage(cfg), torch.device("cpu"))
+    weights = {v: torch.empty_like(ppo0.flat_param.detach()) for v in (0, 1)}
+    ppo, sto = _acted_rollout(cfg, versions, weights)
+    ro = ppo.rollout
+
+    def targets(kind, acted_by):
+        ppo.cfg.targets = kind
+        with torch.no_grad():
+            ppo.flat_param.copy_(weights[1])
+        ppo.prepare(acted_by)
+        return ro.adv_np.copy(), ro.ret_np.copy()
+
+    try:
+        ppo.updates = 1
+        auto, vt, ga = (targets(k, (versions, weights)) for k in ("auto", "vtrace", "gae"))
+        for a, b in zip(auto, vt, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert not np.allclose(auto[0], ga[0])  # the lag is corrected
+        on_policy = targets("auto", None), targets("gae", None)
+        for a, b in zip(*on_policy, strict=True):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        sto.close()
+
+
 def test_vtrace_targets_learn_cartpole(tmp_path):
     cfg = cartpole_cfg(total_steps=100_000, stop_at_return=195.0, pipeline="async", targets="vtrace")
     res, _ = _run(tmp_path, "run", cfg)

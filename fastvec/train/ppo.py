@@ -404,7 +404,7 @@ class PPO:
         ``acted_by``: None where the current weights acted (lock-step), else ``(versions,
         weights)``: the weights version that acted at each step (``[T]``) and a mapping from
         version to flat weights. Values, old log-probs and the truncation bootstrap are then
-        those of the weights that acted, and with ``targets=vtrace`` the targets are
+        those of the weights that acted, and with ``targets=vtrace`` (or ``auto``) the targets are
         importance-clipped towards the current weights (``fastvec.vtrace``)."""
         t0 = time.perf_counter()
         span = self.busy.begin()
@@ -454,7 +454,7 @@ class PPO:
             rewards = self.reward_scaler(rewards, term | trunc)
         self.adv_weights = None
         log_rhos = None if acted_by is None else self._log_rhos(current_logp)
-        if cfg.targets == "vtrace":
+        if cfg.targets == "vtrace" or (cfg.targets == "auto" and log_rhos is not None):
             vtrace(
                 rewards,
                 ro.values_np[:T],
