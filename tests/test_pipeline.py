@@ -299,10 +299,9 @@ def test_vtrace_targets_on_policy_are_gaes(no_leaks):
 
 
 def test_auto_targets_are_gae_on_policy_and_vtrace_with_a_lag(no_leaks):
-    """targets=auto (the default): GAE's where the learner's weights acted the whole
-    rollout, V-trace's where older weights acted some of it."""
+    """targets=auto (HalfCheetah's preset): GAE's where the learner's weights acted the
+    whole rollout, V-trace's where older weights acted some of it."""
     cfg = _pendulum_cfg(n_steps=40, num_envs=2, normalize_obs=False, normalize_reward=False)
-    assert cfg.targets == "auto"
     versions = np.array([0] * 15 + [1] * 25)
     ppo0 = PPO(cfg, _dummy_storage(cfg), torch.device("cpu"))
     weights = {v: torch.empty_like(ppo0.flat_param.detach()) for v in (0, 1)}

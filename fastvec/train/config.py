@@ -225,13 +225,12 @@ class PPOConfig:
     rollout_buffers: int = 2
     """async: K, the rollouts the engine's ring holds (one fills while the learner reads
     another); at least 2; the collector runs at most K - 1 rollouts ahead."""
-    targets: str = "auto"
+    targets: str = "gae"
     """async: the advantages and value targets, gae (on the values of the policy that acted),
     vtrace (importance-clipped to the learner's policy; ``fastvec.vtrace``) or auto: gae
-    where the learner's own weights acted the whole rollout (lock-step, and
-    ``max_policy_lag=0``), vtrace where older weights acted some of it. Measured on
-    HalfCheetah-v5 (300k steps, 6 seeds), gae ended below vtrace on every seed (median
-    2,850 against 3,129; lock-step's 3,084)."""
+    where the learner's own weights acted the whole rollout (so lock-step's), vtrace where
+    older weights acted some of it. HalfCheetah-v5's preset takes auto (300k steps, 6
+    seeds: gae ended below vtrace on every seed); the short races solve faster with gae."""
     values_of: str = "learner"
     """async: the values GAE (or V-trace) starts from where the weights that acted are older
     than the learner's: learner (the learner's current weights: a critic trained on more

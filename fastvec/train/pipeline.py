@@ -26,7 +26,7 @@ So the collector waits (back-pressure) rather than act with older weights: no da
 older than the bound is ever learned from, nothing is dropped. Every step records the
 version that acted; the learner computes values, old log-probs and the truncation
 bootstrap with those weights (it keeps the versions it published), so the PPO ratio is
-taken against the policy that acted; ``targets=vtrace`` also clips the targets'
+taken against the policy that acted; ``targets=vtrace`` (or ``auto``) also clips the targets'
 importance weights towards its current weights.
 
 ``max_policy_lag=0`` is the lock-step run exactly: the collector waits for each update,
