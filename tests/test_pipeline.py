@@ -231,7 +231,9 @@ def test_prepare_with_the_learners_own_weights_among_the_acting(no_leaks, monkey
             ppo.flat_param.copy_(weights[5])
         passes = []
         real_pass = ppo._behaviour_pass
-        monkeypatch.setattr(ppo, "_behaviour_pass", lambda rows, boot: passes.append(len(rows)) or real_pass(rows, boot))
+        monkeypatch.setattr(
+            ppo, "_behaviour_pass", lambda rows, boot: passes.append(len(rows)) or real_pass(rows, boot)
+        )
         ppo.prepare((versions, weights))
         T = cfg.n_steps
         assert passes == [14, T + 1]  # version 4's steps, then the learner's pass over all
