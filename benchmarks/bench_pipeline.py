@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -162,17 +163,38 @@ def main():
         _report(args, w, env_id, steps, solve, seeds, by, cores, time.time() - t_start)
 
 
+def _async_settings(env_id: str, command: str) -> str:
+    """The async candidate's pipeline keys as its runs had them: a ``--set`` in the
+    command, else the env's preset, else the config's default."""
+    from fastvec.train.config import PPOConfig
+    from fastvec.train.presets import preset_for
+
+    words = shlex.split(command)
+    given = dict(v.split("=", 1) for k, v in zip(words, words[1:]) if k == "--set" and "=" in v)
+    preset = preset_for(env_id)
+    cells = []
+    for key in ("max_policy_lag", "rollout_buffers", "targets"):
+        if key in given:
+            cells.append(f"`{key}={given[key]}` (--set)")
+        elif key in preset:
+            cells.append(f"`{key}={preset[key]}` (the preset's)")
+        else:
+            cells.append(f"`{key}={getattr(PPOConfig, key)}`")
+    return ", ".join(cells)
+
+
 def _report(args, w, env_id, steps, solve, seeds, by, cores, took) -> None:
     lock = by["lockstep"]
+    command = getattr(args, "command", " ".join(sys.argv[1:]))
     ceiling = {s: _run_cpu(lock[s]) / cores for s in seeds}
     what = "time to solve (the preset's threshold)" if solve else f"{steps:,} env steps"
     lines = [
         f"# fastvec train: async pipeline against lock-step, {env_id}, {what} ({len(seeds)} seeds, {took:.0f} s)",
         "",
-        f"`python benchmarks/bench_pipeline.py {getattr(args, 'command', ' '.join(sys.argv[1:]))}` on "
+        f"`python benchmarks/bench_pipeline.py {command}` on "
         f"{platform.platform()}, {cores} cores, "
         "CPU learner. Each run a fresh `fastvec train` process with the env's preset (same envs, workers and seed "
-        "for both; async: `--set pipeline=async`, its defaults `max_policy_lag=1`, `rollout_buffers=2`), the "
+        f"for both; async: `--set pipeline=async`, with {_async_settings(env_id, command)}), the "
         "order alternating by seed. Medians over seeds (min-max). Speed-up: lock-step's wall time / async's, per "
         f"seed. Ceiling: lock-step's CPU seconds during the run (the process tree's, less the start-up on one "
         f"core) / {cores} cores: the best any pipeline could do with the same work.",
