@@ -41,6 +41,16 @@ def pytest_sessionstart(session):
             )
 
 
+@pytest.fixture(autouse=True, scope="session")
+def sb3_logs_in_tmp(tmp_path_factory):
+    """SB3's default logger makes a folder /tmp/SB3-<time> for every model it trains
+    (``$SB3_LOGDIR`` if set): keep them in pytest's own temporary directory."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3_logs")))
+    yield
+    patch.undo()
+
+
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "fastvec_"
 GRACE_S = 3.0
