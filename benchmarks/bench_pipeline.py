@@ -51,7 +51,7 @@ def _cpu_of_children() -> float:
 
 
 def run(env_id: str, steps: int, seed: int, sets: list[str], solve: bool) -> dict:
-    from fastvec.train.presets import solve_threshold
+    from fastvec.train import solve_threshold
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
@@ -166,8 +166,7 @@ def main():
 def _async_settings(env_id: str, command: str) -> str:
     """The async candidate's pipeline keys as its runs had them: a ``--set`` in the
     command, else the env's preset, else the config's default."""
-    from fastvec.train.config import PPOConfig
-    from fastvec.train.presets import preset_for
+    from fastvec.train import PPOConfig, preset_for
 
     words = shlex.split(command)
     given = dict(v.split("=", 1) for k, v in zip(words, words[1:]) if k == "--set" and "=" in v)

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from fastvec.train.checkpoints import resume_checkpoint
+from fastvec.train import resume_checkpoint
 
 
 def _last_json(text: str) -> dict | None:
@@ -135,9 +135,7 @@ def flaky(seeds, steps, out) -> None:
 
     import gymnasium as gym
 
-    from fastvec.train import PPOConfig, apply_overrides
-    from fastvec.train.cli import run_training
-    from fastvec.train.presets import preset_for
+    from fastvec.train import PPOConfig, apply_overrides, preset_for, run_training
 
     gym.register("FlakyCartPole-v0", entry_point=_FlakyCartPole)
     lines = [

@@ -8,8 +8,9 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastvec.train.policies import ACTIVATIONS, CategoricalDist, make_policy
-from fastvec.train.ppo import flatten_parameters
+from fastvec.train.distributions import CategoricalDist
+from fastvec.train.optim import flatten_parameters
+from fastvec.train.policies import ACTIVATIONS, make_policy
 
 N_DRAWS = 200_000
 P_MIN = 1e-4  # a correct sampler fails a check with at most this probability, whatever the seed
@@ -74,8 +75,8 @@ def test_gumbel_max_sampler_matches_categorical(name):
 
     pol = make_policy(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(k), hidden=())
     with torch.no_grad():
-        pol.actor[0].weight.zero_()
-        pol.actor[0].bias.copy_(logits)
+        pol.actor_head.weight.zero_()  # no hidden layer: the head is the actor
+        pol.actor_head.bias.copy_(logits)
     path = pol.acting_path()
     assert path.numpy is not None
     obs = torch.randn(N_DRAWS, 3)
@@ -143,7 +144,7 @@ def test_functional_forward_is_the_module_forward(activation, obs_space, norm):
             obs = torch.randn(9, 6, dtype=torch.float64 if obs_space.dtype == np.float64 else torch.float32)
             pol.update_obs_norm(torch.randn(40, 6) * 3 + 1)
         path = pol.acting_path()
-        linears = [m for m in pol.actor if isinstance(m, torch.nn.Linear)]
+        linears = [m for m in pol.stack("actor") if isinstance(m, torch.nn.Linear)]
         assert [(w is m.weight, b is m.bias) for (w, b), m in zip(path.layers, linears, strict=True)] == [
             (True, True)
         ] * len(linears)
@@ -166,12 +167,12 @@ def test_acting_path_is_made_again_when_the_weights_move():
     path = pol.acting_path()
     assert pol.acting_path() is path and path.current()
     with torch.no_grad():
-        pol.actor[0].weight.add_(1.0)
+        pol.stack("actor")[0].weight.add_(1.0)
     assert pol.acting_path() is path
     flatten_parameters(pol)
     assert not path.current()
     moved = pol.acting_path()
     assert moved is not path and moved.current()
-    assert np.shares_memory(moved.numpy.layers[0][0], pol.actor[0].weight.detach().numpy())
+    assert np.shares_memory(moved.numpy.layers[0][0], pol.stack("actor")[0].weight.detach().numpy())
     pol.to(torch.float64)
     assert pol.acting_path() is not moved

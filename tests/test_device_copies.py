@@ -23,7 +23,8 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from fastvec.train import PPO, EngineStorage, HostPin, PPOConfig, host_memory
 from fastvec.train.busy import DeviceBusy
-from fastvec.train.policies import GaussianDist, make_policy
+from fastvec.train.distributions import GaussianDist
+from fastvec.train.policies import make_policy
 from fastvec.train.rollout import Rollout
 from fastvec.train.storage import GymVectorStorage
 
@@ -188,7 +189,7 @@ def test_separate_buffers_match_zero_copy_with_batch_groups():
             out, ppo = _run(
                 "cartpole", separate, T=T, N=N, rollouts=2, cuda=cuda, storage=storage, cfg_kw={"env_groups": 2}
             )
-            assert ppo._group_views is not None and len(ppo._group_views) == 2
+            assert ppo.rollout.steps_by_group() is not None and len(ppo.rollout.steps_by_group()) == 2
             assert cuda.recorded == (2 * (2 * T * 2 + 2 * 2) if separate else 2 * 2 * 2)
         finally:
             storage.close()

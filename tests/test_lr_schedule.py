@@ -22,10 +22,10 @@ from fastvec.train import PPO, ConfigError, EngineStorage, PPOConfig, apply_over
 from fastvec.train.checkpoints import load_checkpoint, policy_from_checkpoint, save_checkpoint
 from fastvec.train.cli import main as cli_main
 from fastvec.train.cli import run_training
-from fastvec.train.config import FIELD_KINDS, check_resume_config
-from fastvec.train.loop import resume_seed
 from fastvec.train.lr_schedule import LRSchedule, adapt_lr, mean_kl
+from fastvec.train.overrides import FIELD_KINDS, check_resume_config
 from fastvec.train.presets import env_factory, preset_for
+from fastvec.train.run import resume_seed
 
 
 # =============================================================================== the rule

@@ -15,9 +15,10 @@ import torch
 from gymnasium import spaces
 
 from fastvec.train import PPO, ConfigError, PPOConfig
+from fastvec.train.distributions import GaussianDist
 from fastvec.train.numpy_learner import NumpyLearner
-from fastvec.train.policies import GaussianDist, make_policy
-from fastvec.train.ppo import flatten_parameters
+from fastvec.train.optim import flatten_parameters
+from fastvec.train.policies import make_policy
 
 OBS = spaces.Box(-np.inf, np.inf, (7,), np.float32)
 
@@ -25,7 +26,7 @@ OBS = spaces.Box(-np.inf, np.inf, (7,), np.float32)
 def reference_loss(pol, x, a, olp, adv, ret, ov, clip, ent_coef, vf_coef, clip_vf):
     """CleanRL's PPO loss (the clipped objective, the value loss with its 0.5 factor,
     the entropy bonus), with torch.distributions."""
-    params, v = pol.actor(x), pol.critic(x).squeeze(-1)
+    params, v = pol.actor_head(pol.actor_body(x)), pol.critic_head(pol.critic_body(x)).squeeze(-1)
     if isinstance(pol.dist, GaussianDist):
         d = torch.distributions.Normal(params, pol.dist.log_std.exp())
         logp, ent = d.log_prob(a).sum(-1), d.entropy().sum(-1)
@@ -69,7 +70,7 @@ def test_gradient_matches_autograd(act_space, activation, ent_coef, clip_vf, hid
     n, clip = 64, 0.2
     x = rng.standard_normal((n, 7)).astype(np.float32)
     with torch.no_grad():
-        params = pol.actor(torch.from_numpy(x))
+        params = pol.actor_head(pol.actor_body(torch.from_numpy(x)))
     if isinstance(pol.dist, GaussianDist):
         a = (params.numpy() + rng.standard_normal(params.shape) * 0.7).astype(np.float32)
         logp = torch.distributions.Normal(params, pol.dist.log_std.exp()).log_prob(torch.from_numpy(a)).sum(-1)
@@ -232,7 +233,7 @@ def test_learners_track_each_other_on_cartpole():
                 ppo.collect()
                 ppo.prepare()
                 ppo.update()
-                ppo.rollout.obs[0].copy_(ppo.rollout.obs[cfg.n_steps])  # as fastvec.train.loop does
+                ppo.rollout.obs[0].copy_(ppo.rollout.obs[cfg.n_steps])  # as fastvec.train.schedule's LockStep does
                 params[learner].append(ppo.flat_param.detach().clone())
         finally:
             venv.close()

@@ -25,12 +25,14 @@ import torch
 from test_resume import _assert_nothing_left, _child_env, _train_cmd, _wait_for, cartpole_cfg
 
 from fastvec.engine import Engine
-from fastvec.train import PPO, EngineStorage, PPOConfig, apply_overrides, load_checkpoint
+from fastvec.train import PPO, EngineStorage, LearnerError, PPOConfig, apply_overrides, load_checkpoint
 from fastvec.train.cli import main as cli_main
 from fastvec.train.cli import run_training
 from fastvec.train.config import ConfigError
-from fastvec.train.pipeline import LearnerError, Pipeline, RingSection
+from fastvec.train.learner_process import LearnerLink
+from fastvec.train.pipeline import Pipeline
 from fastvec.train.presets import preset_for
+from fastvec.train.ring import RingSection
 
 
 def _run(tmp_path, name, cfg, **kw):
@@ -92,14 +94,15 @@ def test_lag_0_is_the_lockstep_run_bit_for_bit(tmp_path, which):
 def test_lag_0_check_fails_when_the_wrong_rollout_is_handed_over(tmp_path, monkeypatch):
     """The comparison above can fail: hand the learner the other section of the ring."""
     ra, a = _run(tmp_path, "lock", cartpole_cfg(total_steps=3000, stop_at_return=None))
-    real = Pipeline._send
+    real = LearnerLink.send
+    K = cartpole_cfg(pipeline="async").rollout_buffers
 
     def wrong_section(self, msg):
         if msg[0] == "learn" and msg[2] >= 1:
-            msg = (msg[0], (msg[1] + 1) % self.K, *msg[2:])
+            msg = (msg[0], (msg[1] + 1) % K, *msg[2:])
         return real(self, msg)
 
-    monkeypatch.setattr(Pipeline, "_send", wrong_section)
+    monkeypatch.setattr(LearnerLink, "send", wrong_section)
     rb, b = _run(
         tmp_path, "async", cartpole_cfg(total_steps=3000, stop_at_return=None, pipeline="async", max_policy_lag=0)
     )
@@ -230,9 +233,9 @@ def test_prepare_with_the_learners_own_weights_among_the_acting(no_leaks, monkey
         with torch.no_grad():
             ppo.flat_param.copy_(weights[5])
         passes = []
-        real_pass = ppo._behaviour_pass
+        real_pass = ppo.targets.behaviour_pass
         monkeypatch.setattr(
-            ppo, "_behaviour_pass", lambda rows, boot: passes.append(len(rows)) or real_pass(rows, boot)
+            ppo.targets, "behaviour_pass", lambda ro, rows, boot: passes.append(len(rows)) or real_pass(ro, rows, boot)
         )
         ppo.prepare((versions, weights))
         T = cfg.n_steps
@@ -537,13 +540,13 @@ def test_signal_stops_both_processes_at_a_safe_point(tmp_path, sig, code):
 def test_learner_error_surfaces(tmp_path, monkeypatch):
     """A learner that raises (here: told to learn from a section that does not exist):
     the collector raises LearnerError with its one-line message, nothing left behind."""
-    real = Pipeline._send
+    real = LearnerLink.send
 
     def bad(self, msg):
         if msg[0] == "learn":
             msg = ("learn", 99, *msg[2:])
         return real(self, msg)
 
-    monkeypatch.setattr(Pipeline, "_send", bad)
+    monkeypatch.setattr(LearnerLink, "send", bad)
     with pytest.raises(LearnerError, match="the learner failed: IndexError"):
         _run(tmp_path, "run", cartpole_cfg(pipeline="async", total_steps=3000, stop_at_return=None))

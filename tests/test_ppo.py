@@ -19,7 +19,8 @@ from fastvec.train import PPO, ConfigError, EngineStorage, PPOConfig, apply_over
 from fastvec.train.checkpoints import policy_from_checkpoint
 from fastvec.train.cli import main as cli_main
 from fastvec.train.cli import run_training as train
-from fastvec.train.policies import CategoricalDist, GaussianDist, make_policy
+from fastvec.train.distributions import CategoricalDist, GaussianDist
+from fastvec.train.policies import make_policy
 from fastvec.train.presets import PRESETS, env_factory, preset_for
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -108,7 +109,7 @@ def test_numpy_acting_matches_torch(act_space, norm, activation):
     """Small MLPs act in numpy on the CPU (``ActingPath.numpy``): the same actions as
     the torch forward (up to float rounding), before and after the parameters and the
     observation normaliser change in place, and after ``flatten_parameters``."""
-    from fastvec.train.ppo import flatten_parameters
+    from fastvec.train.optim import flatten_parameters
 
     torch.manual_seed(0)
     obs_space = spaces.Box(-np.inf, np.inf, (7,), np.float64)
@@ -282,7 +283,7 @@ def test_gae_wiring_bootstraps_truncation_from_final_obs():
     with torch.no_grad():
         lin.weight.copy_(torch.tensor([[1.0, 0.0, 0.0]]))
         lin.bias.zero_()
-    ppo.policy.critic = torch.nn.Sequential(lin)
+    ppo.policy.critic_body, ppo.policy.critic_head = torch.nn.Identity(), lin
     ppo.prepare()
 
     obs0 = b.obs[..., 0].astype(np.float64)
@@ -342,7 +343,7 @@ def test_gae_wiring_on_the_engine_with_time_limits():
             _replay_on_single_envs(fn, backend, T, seed=seed)
             term, trunc = backend.terminated[1:], backend.truncated[1:]
             seen |= [(term & ~trunc).any(), (trunc & ~term).any(), (term & trunc).any()]
-            crit = ppo.policy.critic.double()
+            crit = torch.nn.Sequential(*ppo.policy.stack("critic")).double()
             with torch.no_grad():
                 V = lambda x, crit=crit: crit(torch.from_numpy(np.asarray(x, np.float64))).squeeze(-1).numpy()
                 values = V(backend.obs[:T].reshape(-1, 4)).reshape(T, N)
@@ -549,23 +550,23 @@ def test_critic_sizes_of_its_own_train_save_eval_and_resume(tmp_path, capsys):
     checkpoint and eval; a resumed run keeps them; the default keeps one size for both."""
     pol = make_policy(spaces.Box(-1, 1, (5,), np.float32), spaces.Discrete(3), hidden=(16,), critic_hidden=(32, 8))
     linears = lambda seq: [tuple(m.weight.shape) for m in seq if isinstance(m, torch.nn.Linear)]  # noqa: E731
-    assert linears(pol.actor) == [(16, 5), (3, 16)]
-    assert linears(pol.critic) == [(32, 5), (8, 32), (1, 8)]
+    assert linears(pol.stack("actor")) == [(16, 5), (3, 16)]
+    assert linears(pol.stack("critic")) == [(32, 5), (8, 32), (1, 8)]
     same = make_policy(spaces.Box(-1, 1, (5,), np.float32), spaces.Discrete(3), hidden=(16,))
-    assert linears(same.critic) == [(16, 5), (1, 16)]
+    assert linears(same.stack("critic")) == [(16, 5), (1, 16)]
 
     run = tmp_path / "run"
     args = ["CartPole-v1", "--total-steps", "2048", "--logdir", str(run), "--no-progress", "--no-tensorboard"]
     assert cli_main("train", [*args, "--set", "hidden=16", "--set", "critic_hidden=32,8"]) == 0
     ckpt = load_checkpoint(str(run / "checkpoint.pt"))
     assert ckpt["config"]["critic_hidden"] == [32, 8] and ckpt["config"]["hidden"] == [16]
-    assert linears(policy_from_checkpoint(ckpt).critic) == [(32, 4), (8, 32), (1, 8)]
+    assert linears(policy_from_checkpoint(ckpt).stack("critic")) == [(32, 4), (8, 32), (1, 8)]
     assert cli_main("eval", [str(run), "--episodes", "2"]) == 0
     capsys.readouterr()
     more = ["CartPole-v1", "--total-steps", "4096", "--resume", str(run), "--no-progress"]
     assert cli_main("train", [*more, "--no-tensorboard"]) == 0
     resumed = load_checkpoint(str(run / "checkpoint.pt"))
-    assert linears(policy_from_checkpoint(resumed).critic)[0] == (32, 4) and resumed["env_steps"] == 4096
+    assert linears(policy_from_checkpoint(resumed).stack("critic"))[0] == (32, 4) and resumed["env_steps"] == 4096
     code = cli_main("train", [*more, "--set", "critic_hidden=64"])
     _one_line_error(capsys, code, "critic_hidden")
 
@@ -802,7 +803,7 @@ def test_vec_env_without_final_observations_is_refused():
 
 
 def test_flat_adam_matches_torch_adam():
-    from fastvec.train.ppo import FlatAdam, flatten_parameters
+    from fastvec.train.optim import FlatAdam, flatten_parameters
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))

@@ -28,8 +28,8 @@ from fastvec.train import PPO, EngineStorage, PPOConfig, apply_overrides, load_c
 from fastvec.train.checkpoints import resume_checkpoint, save_checkpoint
 from fastvec.train.cli import main as cli_main
 from fastvec.train.cli import run_training
-from fastvec.train.loop import resume_seed
 from fastvec.train.presets import env_factory, preset_for
+from fastvec.train.run import resume_seed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAKY_ID = "FastvecTestFlakyCartPole-v0"

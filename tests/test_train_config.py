@@ -30,7 +30,8 @@ from fastvec.train import (
 )
 from fastvec.train.cli import _train_parser
 from fastvec.train.cli import main as cli_main
-from fastvec.train.config import FIELD_KINDS, SAFE_ON_RESUME, TRANSPORT_KEYS, check_resume_config
+from fastvec.train.config import TRANSPORT_KEYS
+from fastvec.train.overrides import FIELD_KINDS, SAFE_ON_RESUME, check_resume_config
 from fastvec.train.storage import RayEngineStorage
 
 # A checkpoint's config as fastvec wrote it before the transport settings had a class
@@ -86,7 +87,9 @@ OLD_CONFIG = {
 # =============================================================================== the config
 def test_old_flat_config_loads_and_is_written_back_the_same():
     cfg = PPOConfig.from_dict(OLD_CONFIG)
-    assert cfg.transport == TransportConfig(context="spawn", spin_us=50.0, main_spin_us=0.0, env_groups=2)
+    assert cfg.transport == TransportConfig(
+        num_workers=2, context="spawn", spin_us=50.0, main_spin_us=0.0, env_groups=2
+    )
     assert (cfg.num_envs, cfg.n_steps, cfg.hidden, cfg.gamma, cfg.seed) == (4, 64, (32, 32), 0.98, 3)
     assert cfg.validate() is cfg
     out = cfg.to_dict()

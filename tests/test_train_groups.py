@@ -39,7 +39,7 @@ def _rollouts(env_fn, groups, *, num_envs=8, workers=2, T=24, rollouts=3, seed=5
     try:
         ppo = PPO(cfg, storage, torch.device("cpu"))
         with torch.no_grad():  # logits well above the sampling noise: actions depend on what the policy sees
-            ppo.policy.actor[-1].weight.mul_(300.0)
+            ppo.policy.actor_head.weight.mul_(300.0)
         storage.reset(seed)
         out = []
         for _ in range(rollouts):

@@ -305,9 +305,7 @@ def child_cleanrl(spec: dict) -> dict:
 
 
 def child_train(spec: dict) -> dict:
-    from fastvec.train import PPOConfig, apply_overrides
-    from fastvec.train.cli import run_training
-    from fastvec.train.presets import env_factory, preset_for
+    from fastvec.train import PPOConfig, apply_overrides, env_factory, preset_for, run_training
 
     env_id = spec["env"]
     cfg = apply_overrides(PPOConfig(), preset_for(env_id))
@@ -334,10 +332,9 @@ def child_train(spec: dict) -> dict:
             venv.close()
     else:
         if cand == "engine_spin":  # the ablation: learned waits where the trainer sleeps
-            from fastvec.train import cli
-
-            cli.main_spin_for = lambda cfg, workers, cores: cfg.main_spin_us
-        res = run_training(env_id, cfg, progress=False, tensorboard=False, save=False)
+            res = _train_with_learned_waits(env_id, cfg)
+        else:
+            res = run_training(env_id, cfg, progress=False, tensorboard=False, save=False)
     wall = time.perf_counter() - t0
     return {
         "wall_s": wall,
@@ -347,6 +344,27 @@ def child_train(spec: dict) -> dict:
         "learner": res["learner"],
         "lost_wakeups": res["lost_wakeups"],
     }
+
+
+def _train_with_learned_waits(env_id: str, cfg) -> dict:
+    """``fastvec train``'s run on an engine of the same envs and workers whose trainer
+    waits for the step with the engine's learned waits (``main_spin_us=None``), where
+    ``run_training`` would have it sleep: ``fastvec.train.train`` on a storage built here."""
+    import fastvec
+    from fastvec.train import EngineStorage, Monitor, env_factory, train
+
+    engine = fastvec.Engine(
+        [env_factory(env_id)] * cfg.num_envs,
+        num_workers=cfg.num_workers,
+        num_slots=cfg.n_steps + 1,
+        autoreset_mode="same_step",
+        context=cfg.context,
+        spin_us=cfg.spin_us,
+        restart_on_error=cfg.restart_on_error,
+        step_timeout=cfg.step_timeout,
+        main_spin_us=None,
+    )
+    return train(cfg, EngineStorage(engine), Monitor(None, tensorboard=False), env_id=env_id, progress=False)
 
 
 CHILDREN = {"gap": child_gap, "policy": child_policy, "sb3": child_sb3, "cleanrl": child_cleanrl, "train": child_train}

@@ -100,9 +100,8 @@ def child_fastvec(
     """``fastvec train`` on the engine (``venv_kind="fastvec"``) or on another vector env
     (``"sync"``: gymnasium's SyncVectorEnv, ``"subproc"``: one Pipe per env)."""
     _warm_torch()
-    from fastvec.train import PPOConfig, apply_overrides
-    from fastvec.train.cli import run_training as train
-    from fastvec.train.presets import env_factory, preset_for
+    from fastvec.train import PPOConfig, apply_overrides, env_factory, preset_for
+    from fastvec.train import run_training as train
 
     cfg = apply_overrides(PPOConfig(), preset_for(env_id, zoo=zoo))
     cfg.seed = seed
@@ -162,59 +161,39 @@ def _pong_random_sps(fns: list, workers: int, T: int, steps: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
-def _pong_train(cfg, fns: list, workers: int, train_rollouts: int, out: dict) -> None:
-    """The training loop (collect + prepare + update) and collection alone, into ``out``."""
-    import torch
+def _pong_train(env_id: str, cfg, train_rollouts: int, out: dict) -> None:
+    """``fastvec train``'s loop for ``train_rollouts`` rollouts (``run_training``, no files):
+    its steps/s from the end of start-up (the first rollout's warm-up included), and
+    collection's alone, into ``out``."""
+    from fastvec.train import run_training
 
-    from fastvec.engine import Engine
-    from fastvec.train import PPO, EngineStorage
-
-    T, num_envs = cfg.n_steps, len(fns)
-    engine = Engine(
-        fns, num_workers=workers, num_slots=T + 1, autoreset_mode="same_step", context=cfg.context, spin_us=cfg.spin_us
-    )
-    backend = EngineStorage(engine)
-    try:
-        device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        ppo = PPO(cfg, backend, torch.device(device))
-        out["torch_threads"] = [ppo.act_threads, ppo.learn_threads]
-        out["device"] = str(ppo.device)
-        backend.reset(0)
-        ppo.collect()
-        ppo.prepare()
-        ppo.update()  # warm-up (allocator, cudnn autotune)
-        ppo.t_act = ppo.t_env = ppo.t_prep = ppo.t_learn = 0.0
-        t0 = time.perf_counter()
-        for _ in range(train_rollouts):
-            ppo.collect()
-            ppo.prepare()
-            ppo.update()
-            ppo.rollout.obs[0].copy_(ppo.rollout.obs[T])
-        wall = time.perf_counter() - t0
-        out["train_sps"] = train_rollouts * T * num_envs / wall
-        out["collect_sps"] = train_rollouts * T * num_envs / (ppo.t_act + ppo.t_env)
-        out["time_breakdown"] = {"act": ppo.t_act, "env": ppo.t_env, "prepare": ppo.t_prep, "learn": ppo.t_learn}
-    finally:
-        backend.close()
+    cfg.total_steps = train_rollouts * cfg.n_steps * cfg.num_envs
+    cfg.stop_at_return = None
+    res = run_training(env_id, cfg, progress=False, tensorboard=False, save=False)
+    tb = res["time_breakdown"]
+    out["torch_threads"] = [cfg.torch_threads, cfg.learn_threads]  # as set (None: the trainer's default)
+    out["device"] = res["device"]
+    out["train_sps"] = res["env_steps"] / (res["wall_seconds"] - res["startup_seconds"])
+    out["collect_sps"] = res["env_steps"] / (tb["act"] + tb["env"])
+    out["time_breakdown"] = tb
 
 
 def child_pong(num_envs: int, num_workers: int | None, steps: int, train_rollouts: int, overrides: list) -> dict:
     """Engine random-action steps/s vs the PPO loop's steps/s on the same envs/workers."""
     _warm_torch()
     from fastvec.options import available_cores
-    from fastvec.train import PPOConfig, apply_overrides
-    from fastvec.train.presets import env_factory, preset_for
+    from fastvec.train import PPOConfig, apply_overrides, env_factory, preset_for
 
     env_id = "ALE/Pong-v5"
     cfg = apply_overrides(PPOConfig(), preset_for(env_id))
     cfg.num_envs = num_envs
     cfg.num_workers = num_workers
     apply_overrides(cfg, overrides)
-    workers = cfg.num_workers or min(num_envs, available_cores())
+    workers = cfg.num_workers = cfg.num_workers or min(num_envs, available_cores())
     fns = [env_factory(env_id)] * num_envs
     out = {"num_envs": num_envs, "num_workers": workers, "torch_threads": None}
     out["random_sps"] = _pong_random_sps(fns, workers, cfg.n_steps, steps)
-    _pong_train(cfg, fns, workers, train_rollouts, out)
+    _pong_train(env_id, cfg, train_rollouts, out)
     out["ratio_train_vs_random"] = out["train_sps"] / out["random_sps"]
     out["ratio_collect_vs_random"] = out["collect_sps"] / out["random_sps"]
     return out

@@ -1,24 +1,30 @@
 """PPO on fastvec: ``fastvec train`` and ``fastvec eval`` as a package (imports torch).
 
-- ``config``: ``PPOConfig`` (every hyperparameter, a docstring each; the transport
-  settings in ``TransportConfig``) and ``--set`` parsing;
-- ``storage``: where rollouts live (``RolloutStorage``, the protocol each implements):
-  ``EngineStorage`` (the engine's shared memory, zero copy), ``GymVectorStorage`` /
-  ``SB3VecStorage`` (copies from another vector env), ``HostPin`` (page-locking for CUDA);
-- ``rollout``: the learner's tensors over a storage (views on the CPU, separate device
-  buffers filled by copies on a GPU; ``host_memory``: page-locked host memory);
-- ``acting``: a policy's per-step forward (``ActingPath``: functional, or numpy on the CPU);
-- ``ppo``: acting, targets (GAE) and the clipped update; ``lr_schedule``: the learning
-  rate's schedules (linear, constant, adaptive to the KL); ``statistics``: episode
-  tracking and reward scaling, kept across rollouts;
-- ``loop``: ``train(cfg, storage, monitor)``, which builds no envs;
-- ``pipeline``, ``learner``, ``seqlock``: ``pipeline=async``, a learner process beside
-  the collector (the collector's end and the ring's K rollouts; the learner process; the
-  seqlock its weights come back through);
-- ``checkpoints``, ``evaluate``: checkpoints and ``fastvec eval``;
-- ``policies``, ``presets``, ``monitor``: the networks, per-env hyperparameters and env
-  construction, and the run directory (TensorBoard, ``metrics.jsonl``, plots);
-- ``cli``: the commands, and the one place that picks a backend (``run_training``).
+The trainer in pieces, each a module (``docs/ARCHITECTURE.md`` draws them):
+
+- **config**: ``config`` (``PPOConfig``, every hyperparameter with a docstring, and its
+  ``TransportConfig``: how the envs run), ``overrides`` (``--set`` parsing, what a resume
+  may change), ``presets`` (per-env hyperparameters and env construction), ``mix``;
+- **policy**: ``policies`` (``ActorCritic``: encoder, core, heads), ``encoders``,
+  ``cores``, ``distributions``; ``acting`` (the per-step forward, functional or numpy);
+- **storage**: ``storage`` (``RolloutStorage`` and its four kinds), ``rollout`` (the
+  learner's tensors over it), ``host_memory`` (page-locking for CUDA);
+- **collect**: ``collect`` (the policy acts into the storage, lock-step or by groups);
+- **targets**: ``targets`` (values, bootstraps, GAE or V-trace);
+- **update**: ``update`` (epochs, minibatches, KL stop, the schedules), ``losses`` and
+  ``numpy_learner`` (a minibatch's gradient), ``optim`` (flat parameters, Adam),
+  ``lr_schedule``;
+- ``ppo``: ``PPO``, the three steps over one policy and rollout, and the train state;
+  ``statistics``: episode tracking and reward scaling;
+- **schedule**: ``schedule`` (``LockStep``, the protocol), ``pipeline`` (async: the
+  collector's end) with ``ring``, ``handoff``, ``wire``, ``learner_process``, ``learner``
+  and ``seqlock`` (the learner process and what it shares with the collector);
+- **run**: ``run`` (``train(cfg, storage, monitor)``, which builds no envs), ``report``
+  (logging points, the result), ``restarts``, ``checkpoints``, ``monitor`` (the run
+  directory), ``signals``, ``busy`` (the device's busy fraction), ``runtime`` (torch's
+  device, RNG and threads);
+- **commands**: ``launch`` (``run_training``: the one place that picks a backend),
+  ``cli`` (``fastvec train``), ``evaluate`` (``fastvec eval``).
 
 How a rollout lives in the engine's shared memory: the engine is started with
 ``num_slots = T + 1`` and ``autoreset_mode="same_step"``; slot 0 holds the first
@@ -38,12 +44,17 @@ torch, so forking a parent whose torch thread pools exist is safe. Use
 ``--set context=spawn`` where fork is unavailable or not wanted.
 """
 
-from .checkpoints import load_checkpoint, policy_from_checkpoint, save_checkpoint
-from .config import ConfigError, PPOConfig, TransportConfig, apply_overrides
+from .checkpoints import load_checkpoint, policy_from_checkpoint, resume_checkpoint, save_checkpoint
+from .config import ConfigError, PPOConfig, TransportConfig
 from .evaluate import evaluate
-from .loop import train
-from .pipeline import LearnerError
+from .launch import run_training
+from .learner_process import LearnerError
+from .monitor import Monitor
+from .overrides import apply_overrides
 from .ppo import PPO
+from .presets import env_factory, preset_for, solve_threshold
+from .restarts import RestartLimitError
+from .run import train
 from .storage import EngineStorage, GymVectorStorage, HostPin, RolloutStorage, SB3VecStorage, storage_for
 
 __all__ = [
@@ -51,8 +62,14 @@ __all__ = [
     "TransportConfig",
     "ConfigError",
     "apply_overrides",
+    "preset_for",
+    "env_factory",
+    "solve_threshold",
     "train",
+    "Monitor",
+    "run_training",
     "LearnerError",
+    "RestartLimitError",
     "PPO",
     "RolloutStorage",
     "EngineStorage",
@@ -62,6 +79,7 @@ __all__ = [
     "HostPin",
     "save_checkpoint",
     "load_checkpoint",
+    "resume_checkpoint",
     "policy_from_checkpoint",
     "evaluate",
 ]

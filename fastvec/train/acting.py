@@ -148,10 +148,10 @@ class ActingPath:
 
 
 def build_acting_path(
-    actor: nn.Sequential, dist: Any, *, gaussian: bool, obs_dim: int, one_hot_start: int | None, obs_norm
+    actor: Sequence[nn.Module], dist: Any, *, gaussian: bool, obs_dim: int, one_hot_start: int | None, obs_norm
 ) -> ActingPath:
-    """Take ``actor`` (``Linear`` layers with one kind of activation module between
-    them) apart into an ``ActingPath`` over ``dist``."""
+    """Take ``actor`` (its modules in order: ``Linear`` layers with one kind of activation
+    module between them) apart into an ``ActingPath`` over ``dist``."""
     layers = [(m.weight, m.bias) for m in actor if isinstance(m, nn.Linear)]
     kinds = [type(m) for m in actor if not isinstance(m, nn.Linear)]
     kind = kinds[0] if kinds else None
@@ -166,7 +166,8 @@ def build_acting_path(
     ):
         norm = None
         if obs_norm is not None:
-            norm = (obs_norm._shift.numpy(), obs_norm._scale.numpy(), obs_norm.clip)
+            shift, scale, clip = obs_norm.affine()
+            norm = (shift.numpy(), scale.numpy(), clip)
         np_actor = NumpyActor(
             [(w.detach().numpy(), b.detach().numpy()) for w, b in layers],
             None if kind is None else _NUMPY_ACTIVATIONS[kind],

@@ -4,7 +4,10 @@ A checkpoint holds the weights, the config, the spaces and the env id (what ``fa
 eval`` and ``--init-from`` need) and, since format 2, the ``train_state`` a resumed run
 continues from (optimiser, counters, schedules' position, normalisers, episode window,
 RNG states, wall time so far; see ``PPO.train_state``). Envs are not in it: a resumed
-run resets them.
+run resets them. Format 3 names the policy's weights by its pieces (``actor_body.encoder.0.weight``,
+``actor_head.weight``, ``body.encoder.convs.0.weight``); formats 1 and 2 (one
+``actor`` / ``critic`` network each, a CNN ``trunk``) are read with their names mapped
+to these (``upgrade_state_dict``): the same numbers, so they evaluate and resume as before.
 
 In a run directory: ``checkpoint.pt`` (at the end of a run, on Ctrl-C / SIGTERM, and
 when the envs fail) and ``checkpoints/step-<env steps>.pt`` (every ``checkpoint_every``
@@ -33,10 +36,12 @@ __all__ = [
     "check_spaces",
     "PeriodicCheckpoints",
     "resume_checkpoint",
+    "upgrade_state_dict",
 ]
 
-CHECKPOINT_FORMAT = "fastvec-ppo-2"
-READABLE_FORMATS = ("fastvec-ppo-1", CHECKPOINT_FORMAT)  # 1: weights only (no train_state)
+CHECKPOINT_FORMAT = "fastvec-ppo-3"
+# 1: weights only (no train_state); 1 and 2: the policy's modules before it was made of pieces
+READABLE_FORMATS = ("fastvec-ppo-1", "fastvec-ppo-2", CHECKPOINT_FORMAT)
 _PERIODIC = re.compile(r"step-(\d+)\.pt$")
 _TMP_PREFIX = ".tmp-"
 
@@ -135,7 +140,33 @@ def load_checkpoint(path: str) -> dict:
     return ckpt
 
 
+def upgrade_state_dict(state: dict, fmt: str) -> dict:
+    """A policy's state dict written in checkpoint format ``fmt``, named as this version
+    names it. Before format 3 an MLP side was one ``nn.Sequential`` whose last ``Linear``
+    was its head (``actor.4.weight`` is ``actor_head.weight``, ``actor.0.weight`` is
+    ``actor_body.encoder.0.weight``) and a CNN's body was ``trunk``."""
+    if fmt == CHECKPOINT_FORMAT:
+        return state
+    out = {}
+    last = {}  # side -> the index of its head (its last Linear)
+    for k in state:
+        side, _, rest = k.partition(".")
+        if side in ("actor", "critic"):
+            last[side] = max(last.get(side, -1), int(rest.split(".", 1)[0]))
+    for k, v in state.items():
+        side, _, rest = k.partition(".")
+        if side in last:
+            i, _, p = rest.partition(".")
+            out[f"{side}_head.{p}" if int(i) == last[side] else f"{side}_body.encoder.{rest}"] = v
+        elif side == "trunk":
+            out[f"body.encoder.{rest}"] = v
+        else:
+            out[k] = v
+    return out
+
+
 def policy_from_checkpoint(ckpt: dict) -> ActorCritic:
+    """The checkpoint's policy (in eval mode), its weights loaded."""
     c = ckpt["config"]
     pol = make_policy(
         ckpt["observation_space"],
@@ -147,7 +178,7 @@ def policy_from_checkpoint(ckpt: dict) -> ActorCritic:
         log_std_init=c["log_std_init"],
         normalize_obs=c["normalize_obs"],
     )
-    pol.load_state_dict(ckpt["state_dict"])
+    pol.load_state_dict(upgrade_state_dict(ckpt["state_dict"], ckpt.get("format", CHECKPOINT_FORMAT)))
     pol.eval()
     return pol
 

@@ -1,8 +1,8 @@
-"""``fastvec train`` and ``fastvec eval``; the one place that picks a backend.
+"""``fastvec train`` and ``fastvec eval``: the command lines, their flags and errors.
 
-``run_training`` starts the rollout storage (``build_storage``: the local engine, Ray
-actors, or a vector env the caller gives) and hands it to ``fastvec.train.loop.train``,
-which knows none of them. This is the only importer of ``fastvec.ray``.
+``fastvec train`` builds the config (preset < flags < ``--set``), or the resumed run's,
+and calls ``fastvec.train.launch.run_training`` (what it does from Python); ``fastvec
+eval`` calls ``fastvec.train.evaluate.evaluate``.
 
     fastvec train ENV_ID [--seed N] [--num-envs N] [--num-workers N] [--total-steps N]
                   [--mix [id=ID,][count=N,]key=value,... ...]
@@ -30,12 +30,11 @@ import json
 import os
 import signal
 import sys
-import threading
-import time
 
 from .._cli_util import OneLineParser as _Parser
+from .launch import build_storage, check_backend, main_spin_for, run_training
 
-__all__ = ["main", "build_config", "build_storage", "run_training"]
+__all__ = ["main", "build_config", "build_storage", "main_spin_for", "run_training"]
 
 
 def _train_parser() -> argparse.ArgumentParser:
@@ -47,8 +46,8 @@ def _train_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Hyperparameters: any field of fastvec.train.PPOConfig via --set key=value, "
         "e.g. --set lr=1e-3 --set n_steps=64 --set hidden=64,64. "
-        "Transport settings (fastvec.train.TransportConfig: how the engine's workers and "
-        f"the trainer talk) the same way: {', '.join(TRANSPORT_KEYS)}, e.g. --set context=spawn. "
+        "Transport settings (fastvec.train.TransportConfig: how the envs run and talk to "
+        f"the trainer) the same way: {', '.join(TRANSPORT_KEYS)}, e.g. --set context=spawn. "
         "Run with --list-keys to see them with the env's preset values.",
     )
     p.add_argument(
@@ -57,6 +56,14 @@ def _train_parser() -> argparse.ArgumentParser:
         default=None,
         help="gymnasium env id, e.g. CartPole-v1, ALE/Pong-v5 (with --resume: the run's)",
     )
+    _run_flags(p)
+    _file_flags(p)
+    _backend_flags(p)
+    return p
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    """What the run trains on and for how long, and its hyperparameters."""
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--num-envs", type=int, default=None)
     p.add_argument(
@@ -85,7 +92,6 @@ def _train_parser() -> argparse.ArgumentParser:
         "(the final checkpoint and result as at the end; the schedules do not change)",
     )
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
-    p.add_argument("--logdir", default=None, help="run directory (default: runs/ENV-seedN-TIME)")
     p.add_argument(
         "--set",
         dest="overrides",
@@ -95,6 +101,12 @@ def _train_parser() -> argparse.ArgumentParser:
         help="override a hyperparameter (repeatable)",
     )
     p.add_argument("--zoo", action="store_true", help="use RL Zoo's hyperparameters where known (CartPole)")
+    p.add_argument("--list-keys", action="store_true", help="print the config for ENV_ID and exit")
+
+
+def _file_flags(p: argparse.ArgumentParser) -> None:
+    """Checkpoints to start from or continue, and what the run writes."""
+    p.add_argument("--logdir", default=None, help="run directory (default: runs/ENV-seedN-TIME)")
     p.add_argument(
         "--init-from", default=None, metavar="CHECKPOINT", help="start from the weights of a checkpoint of the same env"
     )
@@ -114,7 +126,10 @@ def _train_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard event files")
-    p.add_argument("--list-keys", action="store_true", help="print the config for ENV_ID and exit")
+
+
+def _backend_flags(p: argparse.ArgumentParser) -> None:
+    """Where the envs run."""
     p.add_argument(
         "--backend",
         choices=["engine", "ray"],
@@ -135,7 +150,6 @@ def _train_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="with --backend ray: Ray actors hosting the envs (default: one per node)",
     )
-    return p
 
 
 def _eval_parser() -> argparse.ArgumentParser:
@@ -151,7 +165,8 @@ def _eval_parser() -> argparse.ArgumentParser:
 
 def build_config(env_id: str, args):
     """Preset for ``env_id`` < command-line flags < ``--set`` overrides."""
-    from .config import PPOConfig, apply_overrides
+    from .config import PPOConfig
+    from .overrides import apply_overrides
     from .presets import preset_for
 
     cfg = PPOConfig()
@@ -208,7 +223,8 @@ def _mix_num_envs(cfg, args) -> None:
 
 def _apply_flags(cfg, args) -> None:
     """The command line's flags, then its ``--set`` overrides, onto ``cfg``."""
-    from .config import ConfigError, apply_overrides
+    from .config import ConfigError
+    from .overrides import apply_overrides
 
     flags = {
         "seed": args.seed,
@@ -233,7 +249,8 @@ def _apply_flags(cfg, args) -> None:
 def resume_config(ckpt: dict, args):
     """The config of the run being resumed with the command line's changes, refused
     (ConfigError) where they touch more than ``SAFE_ON_RESUME``."""
-    from .config import PPOConfig, check_resume_config
+    from .config import PPOConfig
+    from .overrides import check_resume_config
 
     run = PPOConfig.from_dict(ckpt["config"])
     cfg = PPOConfig.from_dict(ckpt["config"])
@@ -242,79 +259,13 @@ def resume_config(ckpt: dict, args):
     return cfg.validate()
 
 
-class _StopOnSignal:
-    """SIGINT / SIGTERM ask the training loop to stop at its next safe point (it writes
-    a checkpoint and returns); a second signal raises KeyboardInterrupt at once."""
-
-    def __init__(self):
-        self.signum = None
-        self.last = None
-        self._old = {}
-
-    def __call__(self) -> bool:
-        return self.signum is not None
-
-    def _handle(self, signum, frame):
-        self.last = signum
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
-        print(
-            f"fastvec train: {signal.Signals(signum).name}: stopping at the next safe point with a "
-            "checkpoint (again: stop now)",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old.clear()
-
-
 def _train(argv) -> int:
     args = _train_parser().parse_args(argv)
-    from ..errors import WorkerError
-    from .config import ConfigError, schedule_note
-    from .presets import check_env_id
+    from .config import ConfigError
+    from .overrides import schedule_note
 
-    resume = None
     try:
-        if args.resume is not None:
-            if args.mix:
-                raise ValueError("--resume continues the run's envs; it does not take --mix")
-            resume = _resume_target(args)
-            args.env_id = resume[1]["env_id"]
-            cfg = resume_config(resume[1], args)
-        elif args.env_id is None:
-            raise ValueError("give an env id (e.g. CartPole-v1) or --resume RUN_DIR")
-        else:
-            check_env_id(args.env_id)
-            cfg = build_config(args.env_id, args)
-            if args.mix:  # (counts and ids here; run_training builds one env of each group)
-                from .mix import resolve_mix
-
-                resolve_mix(args.mix, args.env_id, cfg.num_envs)
-        if args.backend != "ray" and (args.ray_address is not None or args.actors is not None):
-            raise ValueError("--ray-address and --actors need --backend ray")
-        if args.actors is not None and args.actors < 1:
-            raise ValueError(f"--actors must be a positive integer, got {args.actors}")
-        if args.actors is not None and args.actors > cfg.num_envs:
-            raise ValueError(f"--actors {args.actors} exceeds num_envs={cfg.num_envs}")
-        from .pipeline import check_backend
-
-        check_backend(cfg, backend=args.backend)
-        if args.backend == "ray" and not args.list_keys:
-            try:
-                import ray  # noqa: F401
-            except ImportError:
-                raise ValueError('--backend ray needs Ray: pip install "fastvec[ray]"') from None
+        resume, cfg = _train_config(args)
     except (ConfigError, ValueError) as exc:
         return _fail("train", exc, 2)
     if args.list_keys:
@@ -338,7 +289,52 @@ def _train(argv) -> int:
                 raise ValueError(f"checkpoint {args.init_from} was trained on {init['env_id']}, not {args.env_id}")
         except ValueError as exc:
             return _fail("train", exc, 2)
-    stop = _StopOnSignal()
+    return _train_run(args, cfg, run_dir, init, resume)
+
+
+def _train_config(args):
+    """``(resumed checkpoint or None, the config)`` of ``fastvec train``'s flags; ValueError
+    or ConfigError on bad input, before any process starts."""
+    from .presets import check_env_id
+
+    resume = None
+    if args.resume is not None:
+        if args.mix:
+            raise ValueError("--resume continues the run's envs; it does not take --mix")
+        resume = _resume_target(args)
+        args.env_id = resume[1]["env_id"]
+        cfg = resume_config(resume[1], args)
+    elif args.env_id is None:
+        raise ValueError("give an env id (e.g. CartPole-v1) or --resume RUN_DIR")
+    else:
+        check_env_id(args.env_id)
+        cfg = build_config(args.env_id, args)
+        if args.mix:  # (counts and ids here; run_training builds one env of each group)
+            from .mix import resolve_mix
+
+            resolve_mix(args.mix, args.env_id, cfg.num_envs)
+    if args.backend != "ray" and (args.ray_address is not None or args.actors is not None):
+        raise ValueError("--ray-address and --actors need --backend ray")
+    if args.actors is not None and args.actors < 1:
+        raise ValueError(f"--actors must be a positive integer, got {args.actors}")
+    if args.actors is not None and args.actors > cfg.num_envs:
+        raise ValueError(f"--actors {args.actors} exceeds num_envs={cfg.num_envs}")
+    check_backend(cfg, backend=args.backend)
+    if args.backend == "ray" and not args.list_keys:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise ValueError('--backend ray needs Ray: pip install "fastvec[ray]"') from None
+    return resume, cfg
+
+
+def _train_run(args, cfg, run_dir: str, init, resume) -> int:
+    """The run, stopped at a safe point by Ctrl-C or SIGTERM; its JSON line and exit code."""
+    from ..errors import WorkerError
+    from .config import ConfigError
+    from .signals import StopOnSignal
+
+    stop = StopOnSignal()
     try:
         with stop:
             result = run_training(
@@ -388,242 +384,6 @@ def _resume_target(args) -> tuple[str, dict]:
     if args.env_id is not None and args.env_id != run_env:
         raise ValueError(f"{args.resume} is a run of {run_env}, not {args.env_id}")
     return found
-
-
-def build_storage(
-    env_id,
-    cfg,
-    *,
-    venv=None,
-    env_kwargs=None,
-    mix=None,
-    backend: str = "engine",
-    ray_address: str | None = None,
-    ray_actors: int | None = None,
-    pin: bool = False,
-):
-    """The rollout storage ``fastvec.train.loop.train`` runs on (``num_slots =
-    n_steps + 1``, same-step autoreset): ``venv`` wrapped (its owner closes it), else
-    ``cfg.num_envs`` envs of ``env_id`` on this machine's engine (``backend="engine"``)
-    or in Ray actors (``"ray"``: the cluster at ``ray_address``, default a local Ray
-    instance on 127.0.0.1; ``ray_actors`` actors, default one per node;
-    ``cfg.num_workers`` worker processes per actor). ``mix``: a resolved mix of envs
-    (``fastvec.train.mix``) instead of ``env_id`` with ``env_kwargs``; on the engine it is
-    placed by cost unless ``cfg.placement`` says otherwise."""
-    from .config import ConfigError
-    from .mix import is_mix, mix_factories
-    from .pipeline import check_backend, ring_slots
-    from .presets import env_factory
-    from .storage import EngineStorage, RayEngineStorage, storage_for
-
-    check_backend(cfg, venv=venv, backend=backend)
-    slots, tr = ring_slots(cfg), cfg.transport
-    if tr.env_groups > 1 and (venv is not None or backend != "engine"):
-        raise ConfigError(
-            f"env_groups={tr.env_groups} needs the engine backend: "
-            f"{'a vector env of your own' if venv is not None else 'Ray'} steps every env in lock-step"
-        )
-    if venv is not None:
-        return storage_for(venv, slots, pin=pin)
-    fns = mix_factories(mix) if mix is not None else [env_factory(env_id, env_kwargs)] * cfg.num_envs
-    if len(fns) != cfg.num_envs:
-        raise ConfigError(f"the mix holds {len(fns)} envs, but num_envs={cfg.num_envs}")
-    if backend == "ray":
-        from ..ray import RayEngine
-
-        engine = RayEngine(
-            fns,
-            num_slots=slots,
-            autoreset_mode="same_step",
-            ray_address=ray_address,
-            num_actors=ray_actors,
-            workers_per_actor=cfg.num_workers,
-            spin_us=tr.spin_us,
-            restart_on_error=cfg.restart_on_error,
-            step_timeout=cfg.step_timeout,
-        )
-        return RayEngineStorage(engine)
-    from ..engine import Engine, batch_workers
-    from ..options import available_cores, default_num_workers
-
-    workers = cfg.num_workers
-    if tr.env_groups > 1:
-        try:
-            workers = batch_workers(workers, cfg.num_envs, cfg.num_envs // tr.env_groups, available_cores())
-        except ValueError:
-            raise ConfigError(
-                f"num_workers={workers} must be a multiple of env_groups={tr.env_groups} whose "
-                f"share per group divides {cfg.num_envs // tr.env_groups} (the envs of a group): "
-                "each group steps on workers of its own, with as many envs each"
-            ) from None
-    placement = tr.placement or ("balanced" if is_mix(mix) and tr.env_groups == 1 else "contiguous")
-    engine = Engine(
-        fns,
-        num_workers=workers,
-        placement=placement,
-        space_check="layout" if is_mix(mix) else "equal",  # bounds may differ between groups
-        num_slots=slots,
-        autoreset_mode="same_step",
-        context=tr.context,
-        spin_us=tr.spin_us,
-        restart_on_error=cfg.restart_on_error,
-        step_timeout=cfg.step_timeout,
-        main_spin_us=main_spin_for(cfg, workers or default_num_workers(cfg.num_envs), available_cores()),
-    )
-    return EngineStorage(engine, groups=tr.env_groups)
-
-
-def main_spin_for(cfg, workers: int, cores: int) -> float | None:
-    """How the trainer waits for its workers' step (``cfg.main_spin_us`` if set).
-
-    In lock-step with a worker on every core, a trainer spinning through the step takes
-    a core from a worker. Measured on 2 cores (``benchmarks/bench_loops.py --loops train``, the
-    ``engine_spin`` ablation; ``benchmarks/results/loops*``): sleeping until the last
-    worker rings trained InvertedPendulum-v5 at 1.09x and 1.11x the Sync backend against
-    1.07x and 0.95x spinning; HalfCheetah-v5 did not move (1.15x/1.22x, 1.24x/1.26x).
-    With a core to spare (CartPole's one worker) spinning stays: sleeping there was
-    slower (0.88x against 0.96x)."""
-    if cfg.main_spin_us is not None:
-        return cfg.main_spin_us
-    if cfg.env_groups == 1 and workers >= cores:
-        return 0.0
-    return None
-
-
-def run_training(
-    env_id: str | None = None,
-    config=None,
-    *,
-    venv=None,
-    env_kwargs: dict | None = None,
-    mix: list | None = None,
-    run_dir: str | None = None,
-    progress: bool = True,
-    tensorboard: bool = True,
-    init_from: str | dict | None = None,
-    save: bool = True,
-    backend: str = "engine",
-    ray_address: str | None = None,
-    ray_actors: int | None = None,
-    resume: str | tuple | None = None,
-    stop=None,
-) -> dict:
-    """What ``fastvec train`` does: train PPO on ``env_id`` (or on ``venv``, a gymnasium
-    ``VectorEnv`` with same-step autoreset or an SB3 ``VecEnv``, which the caller keeps
-    and closes), logging into ``run_dir`` (TensorBoard events, ``metrics.jsonl``,
-    ``learning_curve.png``, ``checkpoint.pt``, ``checkpoints/``, ``result.json``; None:
-    no files), starting from the checkpoint ``init_from``. Returns ``train``'s result
-    dict. See ``build_storage`` for ``backend``, ``ray_address`` and ``ray_actors``.
-
-    ``resume``: a run directory (or ``(path, checkpoint)`` from
-    ``checkpoints.resume_checkpoint``) to continue in place from its newest checkpoint;
-    ``env_id`` and ``config`` default to the run's, a ``config`` given may differ in
-    ``SAFE_ON_RESUME`` keys only. ``stop``: a callable the loop asks at every safe point
-    (True: checkpoint and return, ``result["interrupted"]``). ``mix``: groups of envs
-    (``fastvec.train.mix``: ``"key=value,..."`` texts or ``{"env_id", "env_kwargs",
-    "count"}`` dicts) the ``cfg.num_envs`` envs are made of, instead of ``env_kwargs``."""
-    import numpy as np
-    import torch
-
-    from .checkpoints import load_checkpoint
-    from .config import PPOConfig
-    from .loop import train
-    from .monitor import Monitor
-    from .ppo import resolve_device, warm_up_torch
-
-    resume_step = None
-    if resume is not None:
-        from .checkpoints import resume_checkpoint
-        from .config import check_resume_config
-
-        if init_from is not None:
-            raise ValueError("give init_from or resume, not both")
-        path, ckpt_r = resume_checkpoint(resume) if isinstance(resume, str) else resume
-        if isinstance(resume, str):
-            run_dir = resume if run_dir is None else run_dir
-        if env_id is not None and ckpt_r.get("env_id") not in (None, env_id):
-            raise ValueError(f"{path} is a run of {ckpt_r['env_id']}, not {env_id}")
-        env_id = env_id or ckpt_r.get("env_id")
-        if mix is not None:
-            raise ValueError("resume continues the run's envs; it does not take a mix")
-        env_kwargs = ckpt_r.get("env_kwargs") if env_kwargs is None else env_kwargs
-        mix = ckpt_r.get("mix")
-        run_cfg = PPOConfig.from_dict(ckpt_r["config"])
-        if config is None:
-            config = run_cfg
-        check_resume_config(run_cfg, config)
-        resume, resume_step = ckpt_r, int(ckpt_r["train_state"]["env_steps"])
-    cfg = (config or PPOConfig()).validate()
-    device = resolve_device(cfg.device)
-    if env_id is None and venv is None:
-        raise ValueError("give an env id or a vector env")
-    if mix is not None:
-        if venv is not None:
-            raise ValueError("a mix builds its own envs: give it with an env id, not with a vector env")
-        from .mix import settle_mix
-
-        env_kwargs, mix = settle_mix(mix, env_id, env_kwargs, cfg.num_envs)
-    if backend not in ("engine", "ray"):
-        raise ValueError(f"backend must be 'engine' or 'ray', got {backend!r}")
-    if backend != "ray" and (ray_address is not None or ray_actors is not None):
-        raise ValueError("ray_address and ray_actors need backend='ray'")
-    if backend == "ray" and venv is not None:
-        raise ValueError("backend='ray' starts its own envs: pass an env id, not a vector env")
-    from .pipeline import check_backend
-
-    check_backend(cfg, venv=venv, backend=backend)
-    ckpt = None
-    if init_from is not None:
-        ckpt = load_checkpoint(init_from) if isinstance(init_from, str) else init_from
-        if env_id is not None and ckpt.get("env_id") not in (None, env_id):
-            raise ValueError(f"checkpoint was trained on {ckpt['env_id']}, not {env_id}")
-    learner = None
-    if cfg.pipeline == "async":  # its interpreter starts while the envs do
-        from .pipeline import LearnerProcess
-
-        learner = LearnerProcess()
-    try:
-        monitor = Monitor(run_dir or None, tensorboard=tensorboard, resume_step=resume_step)
-    except BaseException:
-        if learner is not None:
-            learner.close()
-        raise
-    torch.manual_seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    warm_up_torch()
-    t_start = time.perf_counter()  # the clock starts here: env start-up is part of the wall time
-    try:
-        storage = build_storage(
-            env_id,
-            cfg,
-            venv=venv,
-            env_kwargs=env_kwargs,
-            mix=mix,
-            backend=backend,
-            ray_address=ray_address,
-            ray_actors=ray_actors,
-            pin=device.type == "cuda",
-        )
-    except BaseException:
-        if learner is not None:
-            learner.close()
-        monitor.close()
-        raise
-    return train(
-        cfg,
-        storage,
-        monitor,
-        env_id=env_id,
-        env_kwargs=env_kwargs,
-        mix=mix,
-        init=ckpt,
-        resume=resume,
-        stop=stop,
-        progress=progress,
-        save=save,
-        t_start=t_start,
-        learner=learner,
-    )
 
 
 def _eval(argv) -> int:

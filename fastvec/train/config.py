@@ -1,11 +1,12 @@
-"""The trainer's configuration: ``PPOConfig`` and the ``--set key=value`` parser.
+"""The trainer's configuration: ``PPOConfig`` and its ``TransportConfig``.
 
-``PPOConfig`` holds the hyperparameters and the run's settings; how the envs' workers
-and the trainer talk (start method, spins, batch groups) is a ``TransportConfig`` of its
-own, ``PPOConfig.transport``: nothing of it changes what is learned (batch groups only
-up to floating-point rounding), so a resumed run may change all of it. Its keys stay
-one namespace with the rest for ``--set``, ``to_dict()`` (flat: checkpoints read and
-write as before the split) and ``PPOConfig(context=...)``.
+``PPOConfig`` holds the hyperparameters and the run's settings; how the envs run and
+talk to the trainer (the engine's workers, start method, spins, batch groups,
+placement, what a failing worker costs) is a ``TransportConfig`` of its own,
+``PPOConfig.transport``: nothing of it changes what is learned (batch groups only up to
+floating-point rounding), so a resumed run may change all of it. Its keys stay one
+namespace with the rest for ``--set`` (``fastvec.train.overrides``), ``to_dict()`` (flat:
+checkpoints read and write as before the split) and ``PPOConfig(context=...)``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import inspect
 import math
 import multiprocessing as mp
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -22,11 +24,11 @@ __all__ = [
     "PPOConfig",
     "TransportConfig",
     "TRANSPORT_KEYS",
+    "FLAT_KEYS",
+    "SET_FIELDS",
+    "SIZES",
     "ConfigError",
-    "apply_overrides",
-    "FIELD_KINDS",
-    "SAFE_ON_RESUME",
-    "check_resume_config",
+    "check_schedule_pair",
 ]
 
 
@@ -48,8 +50,11 @@ def _pos_int(name: str, v) -> None:
 
 @dataclass
 class TransportConfig:
-    """How the engine's workers and the trainer talk (``--set key=value`` as any other key)."""
+    """How the envs run and talk to the trainer (``--set key=value`` as any other key):
+    nothing here changes what is learned."""
 
+    num_workers: int | None = field(default=None, metadata={"listed_after": "num_envs"})
+    """Engine worker processes; None: ``min(num_envs, cores)``."""
     context: str = "fork"
     """Start method of the engine's workers (fork starts in milliseconds; see the CLI)."""
     spin_us: float | None = None
@@ -66,9 +71,22 @@ class TransportConfig:
     balanced (by cost, probed on throwaway instances at start-up: ``fastvec.Engine``'s
     ``placement``); none: balanced for a mix of envs (``--mix``), contiguous otherwise.
     Env i's trajectory is the same in either; the engine backend, lock-step only."""
+    restart_on_error: bool = field(default=True, metadata={"listed_after": "keep_checkpoints"})
+    """Replace a worker whose env raised or died and go on (its envs' episodes end truncated)."""
+    step_timeout: float | None = field(default=300.0, metadata={"listed_after": "restart_window"})
+    """Seconds a worker may take to step or reset its envs before it counts as hung: it is
+    replaced like a dead one (``restart_on_error``), else the run ends with an error; none:
+    wait forever. Applies to fastvec's own envs (engine and Ray), not to a vector env passed in."""
 
     def validate(self, num_envs: int) -> TransportConfig:
         _pos_int("env_groups", self.env_groups)
+        if self.num_workers is not None:
+            _pos_int("num_workers", self.num_workers)
+            if self.num_workers > num_envs:
+                raise ConfigError(f"num_workers={self.num_workers} exceeds num_envs={num_envs}")
+        v = self.step_timeout
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise ConfigError(f"step_timeout must be a positive number or none, got {v!r}")
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"placement must be contiguous, balanced or none, got {self.placement!r}")
         if self.placement == "balanced" and self.env_groups > 1:
@@ -92,13 +110,30 @@ class TransportConfig:
 TRANSPORT_KEYS = tuple(f.name for f in dataclasses.fields(TransportConfig))
 
 
-def _check_schedule_pair(anneal_lr, lr_schedule) -> None:
+def check_schedule_pair(anneal_lr, lr_schedule) -> None:
     """ConfigError where ``anneal_lr`` and ``lr_schedule``, given together, disagree."""
     if bool(anneal_lr) != (lr_schedule == "linear"):
         raise ConfigError(
             f"anneal_lr={str(anneal_lr).lower()} contradicts lr_schedule={lr_schedule} "
             "(anneal_lr is its older spelling: true is linear, false any other schedule); give one of them"
         )
+
+
+T = TypeVar("T")
+
+
+class _InTransport(Generic[T]):
+    """A transport key read and written on the config itself (``cfg.context`` is
+    ``cfg.transport.context``)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None) -> T:
+        return getattr(obj.transport, self.name)
+
+    def __set__(self, obj, value: T) -> None:
+        setattr(obj.transport, self.name, value)
 
 
 def _flat_transport_keys(cls):
@@ -116,7 +151,7 @@ def _flat_transport_keys(cls):
         self.transport = dataclasses.replace(self.transport, **flat)
         if alias:
             if "lr_schedule" in kwargs:
-                _check_schedule_pair(alias["anneal_lr"], kwargs["lr_schedule"])
+                check_schedule_pair(alias["anneal_lr"], kwargs["lr_schedule"])
             self.anneal_lr = alias["anneal_lr"]
 
     sig = inspect.signature(init)
@@ -143,15 +178,14 @@ class PPOConfig:
     # ---- environment and rollout
     num_envs: int = 8
     """Envs stepped in parallel."""
-    num_workers: int | None = None
-    """Engine worker processes; None: ``min(num_envs, cores)``."""
     n_steps: int = 128
     """T: steps per env per rollout (the engine's ring holds ``T + 1`` slots)."""
     total_steps: int = 1_000_000
     """Env steps (over all envs) to train for."""
     transport: TransportConfig = field(default_factory=TransportConfig)
-    """``context``, ``spin_us``, ``main_spin_us``, ``env_groups``, ``placement`` (also
-    readable, settable and accepted by the constructor as flat keys)."""
+    """``num_workers``, ``context``, ``spin_us``, ``main_spin_us``, ``env_groups``,
+    ``placement``, ``restart_on_error``, ``step_timeout`` (also readable, settable and
+    accepted by the constructor as flat keys)."""
     # ---- optimisation
     lr: float = 3e-4
     """Adam's learning rate (adaptive schedule: the first update's)."""
@@ -276,57 +310,20 @@ class PPOConfig:
     """Env steps between periodic checkpoints in the run directory (0: only at the end)."""
     keep_checkpoints: int = 3
     """Periodic checkpoints kept (the oldest are deleted)."""
-    restart_on_error: bool = True
-    """Replace a worker whose env raised or died and go on (its envs' episodes end truncated)."""
     max_restarts: int = 20
     """More than this many worker restarts within ``restart_window`` env steps ends the run."""
     restart_window: int = 50_000
     """Env steps over which ``max_restarts`` counts."""
-    step_timeout: float | None = 300.0
-    """Seconds a worker may take to step or reset its envs before it counts as hung: it is
-    replaced like a dead one (``restart_on_error``), else the run ends with an error; none:
-    wait forever. Applies to fastvec's own envs (engine and Ray), not to a vector env passed in."""
 
     # ---- the transport's keys, flat as before the split (not fields: ``transport`` holds them)
-    @property
-    def context(self) -> str:
-        return self.transport.context
-
-    @context.setter
-    def context(self, v: str) -> None:
-        self.transport.context = v
-
-    @property
-    def spin_us(self) -> float | None:
-        return self.transport.spin_us
-
-    @spin_us.setter
-    def spin_us(self, v: float | None) -> None:
-        self.transport.spin_us = v
-
-    @property
-    def main_spin_us(self) -> float | None:
-        return self.transport.main_spin_us
-
-    @main_spin_us.setter
-    def main_spin_us(self, v: float | None) -> None:
-        self.transport.main_spin_us = v
-
-    @property
-    def env_groups(self) -> int:
-        return self.transport.env_groups
-
-    @env_groups.setter
-    def env_groups(self, v: int) -> None:
-        self.transport.env_groups = v
-
-    @property
-    def placement(self) -> str | None:
-        return self.transport.placement
-
-    @placement.setter
-    def placement(self, v: str | None) -> None:
-        self.transport.placement = v
+    num_workers = _InTransport[int | None]()
+    context = _InTransport[str]()
+    spin_us = _InTransport[float | None]()
+    main_spin_us = _InTransport[float | None]()
+    env_groups = _InTransport[int]()
+    placement = _InTransport[str | None]()
+    restart_on_error = _InTransport[bool]()
+    step_timeout = _InTransport[float | None]()
 
     # ---- lr_schedule's older spelling (a --set key, a constructor keyword, in to_dict)
     @property
@@ -359,7 +356,7 @@ class PPOConfig:
         ):
             _pos_int(name, getattr(self, name))
         self.transport.validate(self.num_envs)
-        for name in ("num_workers", "torch_threads", "learn_threads", "lr_horizon"):
+        for name in ("torch_threads", "learn_threads", "lr_horizon"):
             if getattr(self, name) is not None:
                 _pos_int(name, getattr(self, name))
         v = self.checkpoint_every
@@ -367,8 +364,6 @@ class PPOConfig:
             raise ConfigError(
                 f"checkpoint_every must be a non-negative integer (env steps; 0: only at the end), got {v!r}"
             )
-        if self.num_workers is not None and self.num_workers > self.num_envs:
-            raise ConfigError(f"num_workers={self.num_workers} exceeds num_envs={self.num_envs}")
         for name in ("gamma", "gae_lambda"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
@@ -383,7 +378,7 @@ class PPOConfig:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a non-negative number, got {v!r}")
-        for name in ("target_kl", "clip_vf", "step_timeout", "max_seconds"):
+        for name in ("target_kl", "clip_vf", "max_seconds"):
             v = getattr(self, name)
             if v is not None and not (v > 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a positive number or none, got {v!r}")
@@ -395,7 +390,7 @@ class PPOConfig:
                 isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in v
             ):
                 raise ConfigError(f"{name} must be positive layer sizes like 64,64, got {v!r}")
-        from .policies import ACTIVATIONS
+        from .encoders import ACTIVATIONS
 
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
@@ -449,7 +444,7 @@ class PPOConfig:
     def to_dict(self) -> dict:
         """Every ``--set`` key and its value, flat (the transport's keys where they were
         before the split): what a checkpoint keeps as its config."""
-        return {k: _listed(getattr(self, k)) if k in _SIZES else getattr(self, k) for k in FIELD_KINDS}
+        return {k: _listed(getattr(self, k)) if k in SIZES else getattr(self, k) for k in FLAT_KEYS}
 
     @classmethod
     def from_dict(cls, d: dict) -> PPOConfig:
@@ -458,183 +453,35 @@ class PPOConfig:
         since the dict was written keep their defaults."""
         d = dict(d)
         nested = d.pop("transport", None) or {}
-        unknown = sorted((set(d) - set(FIELD_KINDS)) | (set(nested) - set(TRANSPORT_KEYS)))
+        unknown = sorted((set(d) - set(FLAT_KEYS)) | (set(nested) - set(TRANSPORT_KEYS)))
         if unknown:
             raise ConfigError(f"unknown config keys {unknown} (written by another fastvec version?)")
-        for k in _SIZES:
+        for k in SIZES:
             if d.get(k) is not None:
                 d[k] = tuple(d[k])
         return cls(**{**nested, **d})  # a flat key over a nested one: flat is what this version writes
 
 
-_SIZES = ("hidden", "critic_hidden")  # tuples, kept as lists in a checkpoint's config
+SIZES = ("hidden", "critic_hidden")  # tuples, kept as lists in a checkpoint's config
 
 
 def _listed(v):
     return None if v is None else list(v)
 
 
-_TRUE = {"1", "true", "yes", "on", "y", "t"}
-_FALSE = {"0", "false", "no", "off", "n", "f"}
-_NONE = {"none", "null", ""}
-
-
-def _parse_value(name: str, text: str, kind: str):
-    t = text.strip()
-    low = t.lower()
-    optional = kind.endswith("?")
-    base = kind.rstrip("?")
-    if optional and low in _NONE:
-        return None
-    try:
-        if base == "int":
-            f = float(t)  # accept 1e6 / 100_000
-            if not f.is_integer():
-                raise ValueError
-            return int(f)
-        if base == "float":
-            v = float(t)
-            if math.isnan(v):
-                raise ValueError
-            return v
-        if base == "bool":
-            if low in _TRUE:
-                return True
-            if low in _FALSE:
-                return False
-            raise ValueError
-        if base == "ints":
-            if low in ("none", "null"):  # no hidden layer: a linear policy
-                return ()
-            return tuple(int(x) for x in t.replace("x", ",").split(","))  # int(""): ValueError
-        if base == "str":
-            if not t:
-                raise ValueError
-            return t
-    except ValueError:
-        pass
-    want = {
-        "int": "an integer",
-        "float": "a number",
-        "bool": "true or false",
-        "ints": "comma-separated integers like 64,64, or none for no hidden layer",
-        "str": "a non-empty string",
-    }[base]
-    raise ConfigError(f"bad value for {name}: {text!r} (expected {want}{' or none' if optional else ''})")
-
-
-def _set_keys() -> list[dataclasses.Field]:
-    """The fields ``--set`` reaches, in ``PPOConfig``'s order with the transport's inline."""
+def _set_fields() -> list[dataclasses.Field]:
+    """The fields ``--set`` reaches, in ``PPOConfig``'s order with the transport's inline;
+    a transport key that was a key of ``PPOConfig`` once keeps its place there
+    (``listed_after``), so that configs list (and checkpoints write) their keys as before."""
+    transport = dataclasses.fields(TransportConfig)
+    placed = [t for t in transport if "listed_after" in t.metadata]
     out: list[dataclasses.Field] = []
     for f in dataclasses.fields(PPOConfig):
-        out.extend(dataclasses.fields(TransportConfig) if f.name == "transport" else [f])
+        out.extend([t for t in transport if t not in placed] if f.name == "transport" else [f])
+        out.extend(t for t in placed if t.metadata["listed_after"] == f.name)
     return out
 
 
-def _field_kinds() -> dict[str, str]:
-    kinds = {}
-    for f in _set_keys():
-        if f.name == "lr_schedule":
-            kinds["anneal_lr"] = "bool"  # a property now; its place among the keys as before
-        ann = str(f.type).replace(" ", "")
-        opt = "None" in ann
-        if ann.startswith("tuple"):
-            k = "ints"
-        elif ann.startswith("bool"):
-            k = "bool"
-        elif ann.startswith("int"):
-            k = "int"
-        elif ann.startswith("float"):
-            k = "float"
-        else:
-            k = "str"
-        kinds[f.name] = k + ("?" if opt else "")
-    return kinds
-
-
-FIELD_KINDS = _field_kinds()
-
-
-def apply_overrides(cfg: PPOConfig, items) -> PPOConfig:
-    """Apply ``["key=value", ...]`` (or a dict of already-typed values) to ``cfg``."""
-    given = {}
-    if isinstance(items, dict):
-        for k, v in items.items():
-            if k not in FIELD_KINDS:
-                raise ConfigError(f"unknown config key {k!r}")
-            if k in _SIZES and v is not None:
-                v = tuple(v)
-            given[k] = v
-    else:
-        for item in items:
-            if "=" not in item:
-                raise ConfigError(f"--set expects key=value, got {item!r}")
-            key, text = item.split("=", 1)
-            key = key.strip().replace("-", "_")
-            if key not in FIELD_KINDS:
-                close = [k for k in FIELD_KINDS if key in k or k in key]
-                hint = f" (did you mean {', '.join(close)}?)" if close else ""
-                raise ConfigError(f"unknown --set key {key!r}{hint}; known keys: {', '.join(sorted(FIELD_KINDS))}")
-            given[key] = _parse_value(key, text, FIELD_KINDS[key])
-    if "anneal_lr" in given and "lr_schedule" in given:
-        _check_schedule_pair(given["anneal_lr"], given["lr_schedule"])
-    for k, v in given.items():
-        setattr(cfg, k, v)
-    return cfg
-
-
-# What a resumed run may change: how long it runs and when it stops, where and how fast
-# it computes, how it logs and checkpoints, how it treats failing workers. Everything
-# else shapes the learning itself (the envs, the rollout, the objective, the network,
-# the seed, the learning rate's schedule) and stays the run's. Changing total_steps moves
-# the linear schedule's end (it decays over total_steps from where it is); the adaptive
-# schedule's rate is in the train state and goes on from where it was. Other devices or
-# thread counts give results equal only up to floating-point rounding.
-SAFE_ON_RESUME = frozenset(
-    {
-        "total_steps",
-        "pipeline",
-        "max_policy_lag",
-        "rollout_buffers",
-        "stop_at_return",
-        "max_seconds",
-        "solve_return",
-        "device",
-        "torch_threads",
-        "learn_threads",
-        "learner",
-        "num_workers",
-        "log_every_s",
-        "checkpoint_every",
-        "keep_checkpoints",
-        "restart_on_error",
-        "max_restarts",
-        "restart_window",
-        "step_timeout",
-        *TRANSPORT_KEYS,
-    }
-)
-
-
-def schedule_note(cfg: PPOConfig) -> str | None:
-    """A line for the user where the linear schedule ends before the run does (its rate is
-    0 from ``lr_horizon`` on: those steps collect but do not learn)."""
-    h = cfg.lr_horizon
-    if h is None or cfg.lr_schedule != "linear" or h >= cfg.total_steps:
-        return None
-    return (
-        f"the learning rate reaches 0 at lr_horizon={h:,} env steps; the last "
-        f"{cfg.total_steps - h:,} of total_steps={cfg.total_steps:,} will not learn"
-    )
-
-
-def check_resume_config(run: PPOConfig, new: PPOConfig) -> None:
-    """ConfigError unless ``new`` differs from the run's config ``run`` in safe keys only."""
-    changed = [k for k in FIELD_KINDS if getattr(run, k) != getattr(new, k)]
-    unsafe = [k for k in changed if k not in SAFE_ON_RESUME]
-    if unsafe:
-        detail = ", ".join(f"{k} ({getattr(run, k)!r} -> {getattr(new, k)!r})" for k in unsafe)
-        raise ConfigError(
-            f"--resume continues the run's config; it cannot change {detail} "
-            f"(safe to change: {', '.join(sorted(SAFE_ON_RESUME))})"
-        )
+SET_FIELDS = _set_fields()
+# Every flat key, in order; anneal_lr (a property now) keeps its place before lr_schedule.
+FLAT_KEYS = tuple(k for f in SET_FIELDS for k in (("anneal_lr",) if f.name == "lr_schedule" else ()) + (f.name,))

@@ -31,58 +31,18 @@ def evaluate(
     A run on a mix of envs (``fastvec.train.mix``) is evaluated on envs drawn evenly from
     its groups (at least one per group), each group's mean return reported beside.
     """
-    import gymnasium as gym
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-    from .mix import group_of, mix_factories
-    from .presets import check_env_id, env_factory
-
     ckpt = load_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
-    ck_env = ckpt.get("env_id")
-    if env_id is not None and ck_env is not None and env_id != ck_env:
-        raise ValueError(f"checkpoint was trained on {ck_env}, not {env_id}")
-    env_id = env_id or ck_env
-    if env_id is None:
-        raise ValueError("the checkpoint does not name its env; pass env_id")
-    check_env_id(env_id)
-    if episodes < 1:
-        raise ValueError(f"episodes must be a positive integer, got {episodes}")
+    env_id = _env_of(ckpt, env_id, episodes)
     mix = ckpt.get("mix")
-    if mix:
-        fns = mix_factories(mix)
-        n = min(episodes, num_envs or max(8, len(mix)))
-        picks = [k * len(fns) // n for k in range(n)]
-        group = group_of(mix)[picks]
-        fns = [fns[i] for i in picks]
-    else:
-        n = min(episodes, num_envs or 8)
-        fns, group = [env_factory(env_id, ckpt.get("env_kwargs"))] * n, np.zeros(n, np.int64)
+    fns, group = _envs(ckpt, env_id, episodes, num_envs)
     venv = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, observation_mode="different" if mix else "same")
     try:
         check_spaces(ckpt, venv.single_observation_space, venv.single_action_space, env_id)
         torch.set_num_threads(1)
         pol = policy_from_checkpoint(ckpt)
-        targets = np.array([(episodes + i) // n for i in range(n)])
-        counts = np.zeros(n, np.int64)
-        ep_ret, ep_len = np.zeros(n), np.zeros(n, np.int64)
-        returns, lengths, groups = [], [], []
-        obs, _ = venv.reset(seed=seed)
-        t0 = time.perf_counter()
-        while (counts < targets).any():
-            act = pol.predict(obs, deterministic=deterministic)
-            if isinstance(venv.single_action_space, gym.spaces.Box):
-                act = act.astype(venv.single_action_space.dtype)
-            obs, r, term, trunc, _ = venv.step(act)
-            ep_ret += r
-            ep_len += 1
-            for i in np.flatnonzero(term | trunc):
-                if counts[i] < targets[i]:
-                    returns.append(float(ep_ret[i]))
-                    lengths.append(int(ep_len[i]))
-                    groups.append(int(group[i]))
-                    counts[i] += 1
-                ep_ret[i], ep_len[i] = 0.0, 0
-        wall = time.perf_counter() - t0
+        returns, lengths, groups, wall = _episodes(venv, pol, group, episodes, seed, deterministic)
     finally:
         venv.close()
     out = {
@@ -111,6 +71,67 @@ def evaluate(
             for k, g in enumerate(mix)
         ]
     return out
+
+
+def _env_of(ckpt: dict, env_id: str | None, episodes: int) -> str:
+    """The env id to evaluate on (the checkpoint's; one given must agree); ValueError on bad input."""
+    from .presets import check_env_id
+
+    ck_env = ckpt.get("env_id")
+    if env_id is not None and ck_env is not None and env_id != ck_env:
+        raise ValueError(f"checkpoint was trained on {ck_env}, not {env_id}")
+    env_id = env_id or ck_env
+    if env_id is None:
+        raise ValueError("the checkpoint does not name its env; pass env_id")
+    check_env_id(env_id)
+    if episodes < 1:
+        raise ValueError(f"episodes must be a positive integer, got {episodes}")
+    return env_id
+
+
+def _envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
+    """The eval envs' factories and each one's group (a mix's envs drawn evenly from its
+    groups, at least one per group)."""
+    from .mix import group_of, mix_factories
+    from .presets import env_factory
+
+    mix = ckpt.get("mix")
+    if mix:
+        fns = mix_factories(mix)
+        n = min(episodes, num_envs or max(8, len(mix)))
+        picks = [k * len(fns) // n for k in range(n)]
+        return [fns[i] for i in picks], group_of(mix)[picks]
+    n = min(episodes, num_envs or 8)
+    return [env_factory(env_id, ckpt.get("env_kwargs"))] * n, np.zeros(n, np.int64)
+
+
+def _episodes(venv, pol, group, episodes: int, seed: int, deterministic: bool):
+    """``episodes`` episodes spread evenly over the envs: their returns, lengths, groups,
+    and the seconds they took (from the reset on)."""
+    import gymnasium as gym
+
+    n = venv.num_envs
+    targets = np.array([(episodes + i) // n for i in range(n)])
+    counts = np.zeros(n, np.int64)
+    ep_ret, ep_len = np.zeros(n), np.zeros(n, np.int64)
+    returns, lengths, groups = [], [], []
+    obs, _ = venv.reset(seed=seed)
+    t0 = time.perf_counter()
+    while (counts < targets).any():
+        act = pol.predict(obs, deterministic=deterministic)
+        if isinstance(venv.single_action_space, gym.spaces.Box):
+            act = act.astype(venv.single_action_space.dtype)
+        obs, r, term, trunc, _ = venv.step(act)
+        ep_ret += r
+        ep_len += 1
+        for i in np.flatnonzero(term | trunc):
+            if counts[i] < targets[i]:
+                returns.append(float(ep_ret[i]))
+                lengths.append(int(ep_len[i]))
+                groups.append(int(group[i]))
+                counts[i] += 1
+            ep_ret[i], ep_len[i] = 0.0, 0
+    return returns, lengths, groups, time.perf_counter() - t0
 
 
 def _training_return(ckpt: dict) -> float | None:

@@ -1,7 +1,8 @@
 """The async pipeline's learner process: ``main(fd)``, in a fork of the collector or a
-fresh interpreter (``fastvec.train.pipeline.learner_command``).
+fresh interpreter (``fastvec.train.wire.learner_command``).
 
-It maps the engine's ring and the pipeline's segment (``fastvec.train.pipeline``), builds
+It maps the engine's ring (``fastvec.train.ring``) and the pipeline's segment
+(``fastvec.train.handoff``), builds
 a ``PPO`` that never acts, and for each rollout handed over on the socket ``FD``
 computes the targets, updates and publishes the weights; told to stop, it exits. It
 ignores SIGINT (the collector decides when the run stops) and, should the collector
@@ -25,18 +26,10 @@ import torch
 from .._core.layout import SegmentPlan
 from .._core.shm import attach_segment
 from .config import PPOConfig
-from .pipeline import (
-    _POLL_S,
-    RingSection,
-    _dumps,
-    _merge_state,
-    _published,
-    _shared_rollout,
-    _weights_views,
-    learner_command,
-    publish,
-)
+from .handoff import Handoff, merge_state, published_tensors
+from .ring import RingSection
 from .rollout import Rollout
+from .wire import POLL_S, dumps, learner_command
 
 
 def main(fd: int, forked: bool = False) -> None:
@@ -61,7 +54,7 @@ def main(fd: int, forked: bool = False) -> None:
         spec = msg[1]
         parent = spec["parent"]
         learner = _Learner(spec)  # the collector published the starting weights
-        conn.send_bytes(_dumps(("ready",)))
+        conn.send_bytes(dumps(("ready",)))
         while True:
             msg = _next_message(conn, parent, learner)
             if msg is not None and msg[0] == "stop":
@@ -70,7 +63,7 @@ def main(fd: int, forked: bool = False) -> None:
                 _, k, r, snapshot, rng = msg
                 done = learner.learn(k, r, snapshot, rng)
                 try:
-                    conn.send_bytes(_dumps(("done", r, done)))
+                    conn.send_bytes(dumps(("done", r, done)))
                     continue
                 except OSError:  # the collector went while this update ran
                     pass
@@ -79,7 +72,7 @@ def main(fd: int, forked: bool = False) -> None:
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         try:
-            conn.send_bytes(_dumps(("error", f"the learner failed: {text}")))
+            conn.send_bytes(dumps(("error", f"the learner failed: {text}")))
         except OSError:
             pass
         _say(f"fastvec learner: {traceback.format_exc()}")
@@ -103,7 +96,7 @@ def _say(text: str) -> None:
 def _next_message(conn, parent: int, learner):
     t0 = time.perf_counter()
     try:
-        while not conn.poll(_POLL_S):
+        while not conn.poll(POLL_S):
             if os.getppid() != parent:
                 return None
         return pickle.loads(conn.recv_bytes())
@@ -118,7 +111,8 @@ class _Learner:
     the weights versions it published, its safe point."""
 
     def __init__(self, spec: dict):
-        from .ppo import PPO, resolve_device
+        from .ppo import PPO
+        from .runtime import resolve_device
 
         cfg = PPOConfig.from_dict(spec["cfg"])
         self.cfg, self.spec = cfg, spec
@@ -129,7 +123,7 @@ class _Learner:
         ring = SegmentPlan.from_entries(entries).arrays(self._engine_map)
         name, entries = spec["pipeline"]
         self._pipe_map = attach_segment(name)
-        self.arrays = SegmentPlan.from_entries(entries).arrays(self._pipe_map)
+        arrays = SegmentPlan.from_entries(entries).arrays(self._pipe_map)
         obs_space, act_space = spec["spaces"]
         full = SimpleNamespace(
             kind="fastvec",
@@ -155,17 +149,17 @@ class _Learner:
             from .host_memory import HostPin
 
             torch.backends.cudnn.benchmark = True
-            held = [full.obs, full.final_obs, full.act, self.arrays["raw"], self.arrays["logp"], self.arrays["values"]]
+            held = [full.obs, full.final_obs, full.act, arrays["raw"], arrays["logp"], arrays["values"]]
             self.pin = HostPin(held)
         ppo.load_train_state(spec["state"])
         if cfg.max_policy_lag > 0:  # a stream of its own (lag 0: the collector's, handed over)
             torch.manual_seed(cfg.seed + 0x5EED)
+        self.published = published_tensors(ppo.policy, ppo.flat_param)
+        self.handoff = Handoff(arrays, len(self.published))
         self.rollouts = [
-            Rollout(sec, ppo.policy, T, device, copies=ppo.rollout.copies, shared=_shared_rollout(self.arrays, k))
+            Rollout(sec, ppo.policy, T, device, copies=ppo.rollout.copies, shared=self.handoff.section(k))
             for k, sec in enumerate(self.sections)
         ]
-        self.published = _published(ppo.policy, ppo.flat_param)
-        self.views = _weights_views(self.arrays, len(self.published))
         self.history = {ppo.updates: ppo.flat_param.detach().clone()}
         ppo.busy.start()  # the learner's device: CUDA events on a GPU, this process's CPU time on the CPU
         self.cpu_last = time.process_time()
@@ -175,9 +169,9 @@ class _Learner:
         ppo, cfg = self.ppo, self.cfg
         if rng is not None:
             torch.set_rng_state(rng)
-        ppo.use_rollout(self.sections[k], self.rollouts[k], None)
+        ppo.use_rollout(self.sections[k], self.rollouts[k])
         self.rollouts[k].acted_to_device()
-        versions = self.arrays["versions"][k].copy()
+        versions = self.handoff.versions(k).copy()
         lags = np.bincount(ppo.updates - versions)
         ppo.prepare(None if (versions == ppo.updates).all() else (versions, self.history))
         ppo.update()
@@ -206,7 +200,7 @@ class _Learner:
 
     def publish(self) -> None:
         """The safe point after an update: weights, optimiser moments and train state."""
-        publish(self.arrays, self.views, self.published, self.ppo)
+        self.handoff.publish(self.published, self.ppo)
 
     def checkpoint_on_orphan(self) -> None:
         """The collector died: keep this safe point in the run directory and say so."""
@@ -216,7 +210,7 @@ class _Learner:
         from .checkpoints import save_checkpoint
 
         ppo = self.ppo
-        st = _merge_state(ppo.train_state(), self.snapshot)
+        st = merge_state(ppo.train_state(), self.snapshot)
         ppo.env_steps = st["env_steps"]
         path = save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), ppo, env_id, env_kwargs, train_state=st, mix=mix)
         _say(
@@ -228,8 +222,7 @@ class _Learner:
         if self.pin is not None:
             self.pin.release()
         self.ppo.busy.close()
-        self.arrays = {}
-        self.views = []
+        self.handoff = None  # type: ignore[assignment]  # its views into the segment go before it closes
         self.rollouts = []
         self.sections = []
 

@@ -29,15 +29,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .policies import ActorCritic, CategoricalDist, GaussianDist
+from .distributions import CategoricalDist, GaussianDist
+from .policies import ActorCritic
 
 __all__ = ["NumpyLearner"]
 
 _ACTIVATIONS = (nn.Tanh, nn.ReLU)
 
 
-def _linear_layers(seq: nn.Sequential):
-    return [m for m in seq if isinstance(m, nn.Linear)]
+def _linear_layers(modules):
+    return [m for m in modules if isinstance(m, nn.Linear)]
 
 
 def _blas_controller():
@@ -60,8 +61,8 @@ class NumpyLearner:
         """None when this learner computes ``policy``'s update; else why it cannot."""
         if policy.kind != "mlp" or not policy.packable_obs:
             return "it needs an MLP policy over a Box observation"
-        for seq in (policy.actor, policy.critic):
-            acts = {type(m) for m in seq if not isinstance(m, nn.Linear)}
+        for side in ("actor", "critic"):
+            acts = {type(m) for m in policy.stack(side) if not isinstance(m, nn.Linear)}
             if len(acts) > 1 or not acts <= set(_ACTIVATIONS):
                 names = ", ".join(sorted(a.__name__ for a in acts))
                 return f"it knows tanh and relu activations (not {names})"
@@ -80,7 +81,7 @@ class NumpyLearner:
         self, policy: ActorCritic, flat_grad: torch.Tensor, ent_coef: float, vf_coef: float, clip_vf: float | None
     ):
         self.gaussian = isinstance(policy.dist, GaussianDist)
-        self.relu = any(isinstance(m, nn.ReLU) for m in policy.actor)
+        self.relu = any(isinstance(m, nn.ReLU) for m in policy.stack("actor"))
         self.ent_coef, self.vf_coef, self.clip_vf = float(ent_coef), float(vf_coef), clip_vf
         flat = flat_grad.numpy()
         base = flat_grad.data_ptr()
@@ -96,8 +97,8 @@ class NumpyLearner:
             covered += p.numel()
             return p.detach().numpy(), flat[off : off + p.numel()].reshape(tuple(p.shape))
 
-        self.actor = [(view(m.weight), view(m.bias)) for m in _linear_layers(policy.actor)]
-        self.critic = [(view(m.weight), view(m.bias)) for m in _linear_layers(policy.critic)]
+        self.actor = [(view(m.weight), view(m.bias)) for m in _linear_layers(policy.stack("actor"))]
+        self.critic = [(view(m.weight), view(m.bias)) for m in _linear_layers(policy.stack("critic"))]
         self.log_std = view(policy.dist.log_std) if self.gaussian else None
         if covered != flat.size:
             raise ValueError("the policy has parameters this learner does not know")
@@ -149,34 +150,12 @@ class NumpyLearner:
         ``actions`` the raw Gaussian samples ``[n, dim]`` or Discrete actions ``[n]``, the
         other columns ``[n]``. Appends the statistics to ``stats`` when ``want_stats``;
         returns True, with no gradient written, when the approximate KL stops the epochs
-        (``target_kl``), as ``PPO.update`` does."""
+        (``target_kl``), as ``fastvec.train.update`` does."""
         n = x.shape[0]
         ha, params = self._forward(self.actor, x)
         hc, v = self._forward(self.critic, x)
         v = v[:, 0]
-        ent_coef = self.ent_coef
-        if self.gaussian:
-            (ls, gls) = self.log_std
-            inv = np.exp(-ls)
-            z = actions - params
-            z *= inv
-            zz = z * z
-            logp = zz.sum(1)
-            logp *= -0.5
-            logp -= ls.sum() + self._log2pi_half * ls.size
-            ent = None
-        else:
-            m = params.max(1, keepdims=True)
-            logp_all = params - m
-            e = np.exp(logp_all)
-            s = e.sum(1, keepdims=True)
-            logp_all -= np.log(s)
-            p = e
-            p /= s
-            idx = actions.astype(np.intp, copy=False)
-            rows = np.arange(n)
-            logp = logp_all[rows, idx]
-            ent = -(p * logp_all).sum(1) if (ent_coef or want_stats) else None
+        logp, ent, dist = self._log_probs(params, actions, bool(self.ent_coef) or want_stats)
         logratio = logp - old_logp
         ratio = np.exp(logratio)
         lo, hi = 1.0 - clip, 1.0 + clip
@@ -188,6 +167,56 @@ class NumpyLearner:
             if target_kl is not None and kl > 1.5 * target_kl:
                 stats["kl"].append(kl)
                 return True
+        v_loss, g_v = self._value_loss(v, ret, old_v, n)
+        if want_stats:
+            stats["kl"].append(kl)
+            stats["cf"].append(float((np.abs(ratio - 1.0) > clip).mean()))
+            stats["pg"].append(-float(np.minimum(s1, s2).mean()))
+            stats["v"].append(0.5 * v_loss)
+            if self.gaussian:
+                ls = self.log_std[0]
+                stats["ent"].append(float(ls.sum() + (0.5 + self._log2pi_half) * ls.size))
+            else:
+                stats["ent"].append(float(ent.mean()))
+        # d(-mean(min(s1, s2)))/d ratio: the unclipped side carries it where it is the
+        # smaller; inside the clip range both sides are equal and clamp passes it too.
+        g_logp = (ratio >= lo) & (ratio <= hi)
+        g_logp |= s1 < s2
+        g_logp = g_logp * adv
+        g_logp *= ratio
+        g_logp *= -1.0 / n
+        g_params = self._params_grad(g_logp, ent, dist, n)
+        self._backward(self.actor, ha, g_params.astype(np.float32, copy=False))
+        self._backward(self.critic, hc, g_v[:, None].astype(np.float32, copy=False))
+        return False
+
+    def _log_probs(self, params, actions, need_entropy: bool):
+        """``(log-probs, entropies or None, what the gradient needs of the distribution)``."""
+        if self.gaussian:
+            ls = self.log_std[0]
+            inv = np.exp(-ls)
+            z = actions - params
+            z *= inv
+            zz = z * z
+            logp = zz.sum(1)
+            logp *= -0.5
+            logp -= ls.sum() + self._log2pi_half * ls.size
+            return logp, None, (z, zz, inv)
+        m = params.max(1, keepdims=True)
+        logp_all = params - m
+        e = np.exp(logp_all)
+        s = e.sum(1, keepdims=True)
+        logp_all -= np.log(s)
+        p = e
+        p /= s
+        idx = actions.astype(np.intp, copy=False)
+        rows = np.arange(params.shape[0])
+        logp = logp_all[rows, idx]
+        ent = -(p * logp_all).sum(1) if need_entropy else None
+        return logp, ent, (p, logp_all, rows, idx)
+
+    def _value_loss(self, v, ret, old_v, n: int):
+        """The value loss (before its 0.5) and its gradient with respect to ``v``."""
         d = v - ret
         if self.clip_vf is not None:
             dv = v - old_v
@@ -202,33 +231,25 @@ class NumpyLearner:
             v_loss = float((d * d).mean())
             g_v = 2.0 * d
         g_v *= 0.5 * self.vf_coef / n
-        if want_stats:
-            stats["kl"].append(kl)
-            stats["cf"].append(float((np.abs(ratio - 1.0) > clip).mean()))
-            stats["pg"].append(-float(np.minimum(s1, s2).mean()))
-            stats["v"].append(0.5 * v_loss)
-            stats["ent"].append(
-                float(ls.sum() + (0.5 + self._log2pi_half) * ls.size) if self.gaussian else float(ent.mean())
-            )
-        # d(-mean(min(s1, s2)))/d ratio: the unclipped side carries it where it is the
-        # smaller; inside the clip range both sides are equal and clamp passes it too.
-        g_logp = (ratio >= lo) & (ratio <= hi)
-        g_logp |= s1 < s2
-        g_logp = g_logp * adv
-        g_logp *= ratio
-        g_logp *= -1.0 / n
+        return v_loss, g_v
+
+    def _params_grad(self, g_logp, ent, dist, n: int):
+        """The gradient with respect to the actor's output (and, Gaussian, into log std's)
+        from ``g_logp`` = dLoss/dlogp, with the entropy bonus's."""
+        ent_coef = self.ent_coef
         if self.gaussian:
+            z, zz, inv = dist
+            gls = self.log_std[1]
             g_params = z * inv
             g_params *= g_logp[:, None]
             zz -= 1.0  # d logp / d log_std = z^2 - 1
             np.matmul(g_logp, zz, out=gls)
             if ent_coef:
                 gls -= ent_coef
-        else:
-            g_params = -p * g_logp[:, None]
-            g_params[rows, idx] += g_logp
-            if ent_coef:  # d(-ent_coef * mean(H))/d logits = ent_coef/n * p * (log p + H)
-                g_params += (ent_coef / n) * p * (logp_all + ent[:, None])
-        self._backward(self.actor, ha, g_params.astype(np.float32, copy=False))
-        self._backward(self.critic, hc, g_v[:, None].astype(np.float32, copy=False))
-        return False
+            return g_params
+        p, logp_all, rows, idx = dist
+        g_params = -p * g_logp[:, None]
+        g_params[rows, idx] += g_logp
+        if ent_coef:  # d(-ent_coef * mean(H))/d logits = ent_coef/n * p * (log p + H)
+            g_params += (ent_coef / n) * p * (logp_all + ent[:, None])
+        return g_params

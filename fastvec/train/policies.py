@@ -1,31 +1,31 @@
-"""Actor-critic policies for the PPO trainer, chosen from the spaces.
+"""Actor-critic policies for the PPO trainer, chosen from the spaces, in three pieces:
+an **encoder** (``fastvec.train.encoders``), a **core** (``fastvec.train.cores``; today the
+identity) and the **heads** (a linear layer to the action distribution's parameters,
+``fastvec.train.distributions``, and one to the value).
 
-- Observations: a flat MLP for vector observations (any non-image ``Box``, ``Discrete``
-  one-hot, ``MultiBinary``/``MultiDiscrete`` as numbers); a Nature-style CNN for images
-  (a ``uint8`` ``Box`` of shape ``[C, H, W]``, e.g. 4 stacked 84x84 Atari frames).
-- Actions: a categorical head for ``Discrete``, ``MultiDiscrete`` (one categorical per
-  component) and ``MultiBinary`` (two-way categoricals); a diagonal Gaussian with a
-  state-independent log std for ``Box``.
+- Observations: an MLP encoder for vector observations (any non-image ``Box``,
+  ``Discrete`` one-hot, ``MultiBinary``/``MultiDiscrete`` as numbers); the Nature CNN for
+  images (a ``uint8`` ``Box`` of shape ``[C, H, W]``, e.g. 4 stacked 84x84 Atari frames).
+- Actions: a categorical head for ``Discrete``, ``MultiDiscrete`` and ``MultiBinary``; a
+  diagonal Gaussian with a state-independent log std for ``Box``.
 
-The MLP uses separate actor and critic networks (as SB3's default ``MlpPolicy``), of
-the sizes ``hidden`` (both) or ``hidden`` and ``critic_hidden``; the CNN shares its
-trunk and has two linear heads (as SB3's ``CnnPolicy`` and CleanRL).
+The MLP policy has two bodies (encoder and core), the actor's and the critic's (as SB3's
+default ``MlpPolicy``), of the sizes ``hidden`` (both) or ``hidden`` and
+``critic_hidden``; the CNN's one body is shared by both heads (as SB3's ``CnnPolicy`` and
+CleanRL). One code path serves both: ``features`` gives the actor's and the critic's
+features, the same tensor where the body is shared.
 
 Acting is designed for the trainer's hot loop: ``act_`` samples with noise drawn for a
-whole rollout at once (Gumbel-max for categoricals, ``mean + std * eps`` for Gaussians)
-and writes the actions straight into the caller's tensors (the engine's shared action
-buffers), with no per-step allocation beyond torch's intermediates; an MLP acts through
-its ``ActingPath`` (``fastvec.train.acting``: functional, or numpy on the CPU). With separate
-networks only the actor runs per step (``values_at_act`` is False): the trainer
-computes values and log-probabilities for the whole rollout in one batch afterwards,
-which is exact because the policy does not change during a rollout. With a shared
-trunk (CNN) the value and log-probability come from the same forward pass and are
+whole rollout and writes the actions straight into the caller's tensors; an MLP acts
+through its ``ActingPath`` (``fastvec.train.acting``: functional, or numpy on the CPU).
+With separate bodies only the actor runs per step (``values_at_act`` is False): the
+trainer computes values and log-probabilities for the whole rollout in one batch
+afterwards, which is exact because the policy does not change during a rollout. With a
+shared body (CNN) the value and log-probability come from the same forward pass and are
 stored per step.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
@@ -33,10 +33,11 @@ import torch.nn as nn
 from gymnasium import spaces
 
 from .acting import ActingPath, build_acting_path, vector_input
+from .cores import IdentityCore
+from .distributions import GaussianDist, make_dist
+from .encoders import ACTIVATIONS, NatureCNN, RunningNorm, mlp_encoder, orthogonal
 
-__all__ = ["ActorCritic", "make_policy", "is_image_space", "describe_policy"]
-
-ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
+__all__ = ["ActorCritic", "Body", "make_policy", "is_image_space", "describe_policy", "ACTIVATIONS"]
 
 
 def is_image_space(space: spaces.Space) -> bool:
@@ -74,258 +75,24 @@ def _flat_obs_dim(space: spaces.Space) -> int:
     )
 
 
-def _ortho(layer: nn.Module, gain: float) -> nn.Module:
-    if isinstance(layer, (nn.Linear, nn.Conv2d)):
-        nn.init.orthogonal_(layer.weight, gain)
-        nn.init.zeros_(layer.bias)
-    return layer
+class Body(nn.Module):
+    """An encoder, then a core: observations (as the network reads them) -> features."""
 
-
-class RunningNorm(nn.Module):
-    """Running mean / variance of observations (Welford over batches, float64), applied
-    as ``clip((x - mean) / sqrt(var + eps), -clip, clip)``. Part of the state dict, so a
-    checkpoint normalises like the trained policy did."""
-
-    def __init__(self, dim: int, clip: float = 10.0, eps: float = 1e-8):
+    def __init__(self, encoder: nn.Module, core: nn.Module):
         super().__init__()
-        self.clip, self.eps = float(clip), float(eps)
-        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
-        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
-        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
-        self.register_buffer("_shift", torch.zeros(dim))
-        self.register_buffer("_scale", torch.ones(dim))
-
-    @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        x = x.reshape(-1, self.mean.numel()).to(torch.float64)
-        n = x.shape[0]
-        if n == 0:
-            return
-        b_mean, b_var = x.mean(0), x.var(0, unbiased=False)
-        delta = b_mean - self.mean
-        tot = self.count + n
-        new_mean = self.mean + delta * n / tot
-        m2 = self.var * self.count + b_var * n + delta.square() * self.count * n / tot
-        self.mean.copy_(new_mean)
-        self.var.copy_(m2 / tot)
-        self.count.fill_(float(tot))
-        self._shift.copy_(self.mean.float())
-        self._scale.copy_((self.var + self.eps).rsqrt().float())
+        self.encoder, self.core = encoder, core
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ((x - self._shift) * self._scale).clamp_(-self.clip, self.clip)
+        return self.core(self.encoder(x))
 
 
-class NatureCNN(nn.Module):
-    """Mnih et al. (2015): conv 32x8x8/4, 64x4x4/2, 64x3x3/1, linear 512, ReLU."""
-
-    def __init__(self, in_channels: int, height: int, width: int, features: int = 512):
-        super().__init__()
-        self.convs = nn.Sequential(
-            _ortho(nn.Conv2d(in_channels, 32, 8, stride=4), math.sqrt(2)),
-            nn.ReLU(),
-            _ortho(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)),
-            nn.ReLU(),
-            _ortho(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
-        with torch.no_grad():
-            n = self.convs(torch.zeros(1, in_channels, height, width)).shape[1]
-        self.fc = nn.Sequential(_ortho(nn.Linear(n, features), math.sqrt(2)), nn.ReLU())
-        self.features = features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.convs(x))
-
-
-def _mlp(sizes, activation, out_dim, out_gain, ortho: bool) -> nn.Sequential:
-    layers = []
-    act = ACTIVATIONS[activation]
-    for a, b in zip(sizes[:-1], sizes[1:]):
-        lin = nn.Linear(a, b)
-        layers += [_ortho(lin, math.sqrt(2)) if ortho else lin, act()]
-    head = nn.Linear(sizes[-1], out_dim)
-    layers.append(_ortho(head, out_gain) if ortho else head)
-    return nn.Sequential(*layers)
-
-
-# ---------------------------------------------------------------------- distributions
-class CategoricalDist(nn.Module):
-    """Independent categoricals over ``k`` components with ``nvec`` choices each,
-    laid out as ``[B, k, max_n]`` logits; missing choices are masked to -inf.
-    ``Discrete`` is ``k = 1`` (actions of shape ``[B]``); ``MultiBinary`` is
-    ``nvec = 2``."""
-
-    def __init__(self, nvec, start=None, action_shape=(), squeeze=True):
-        super().__init__()
-        nvec = np.asarray(nvec, dtype=np.int64).reshape(-1)
-        self.k, self.max_n = int(nvec.size), int(nvec.max())
-        self.n_params = self.k * self.max_n
-        self.action_shape = tuple(action_shape)
-        self.squeeze = squeeze
-        mask = np.arange(self.max_n)[None, :] >= nvec[:, None]  # True where invalid
-        self.has_mask = bool(mask.any())
-        self.register_buffer("invalid", torch.as_tensor(mask))
-        self.register_buffer("neg_inf", torch.as_tensor(np.where(mask, -np.inf, 0.0), dtype=torch.float32))
-        start = np.zeros(self.k, np.int64) if start is None else np.asarray(start, np.int64).reshape(-1)
-        self.has_start = bool(np.any(start != 0))
-        self.register_buffer("start", torch.as_tensor(start))
-        self.raw_action_dtype = None  # actions are stored in the env's own buffer
-
-    def noise_shape(self, n_envs: int):
-        return (n_envs, self.k, self.max_n)
-
-    def sample_noise(self, out: torch.Tensor) -> torch.Tensor:
-        """Gumbel noise, in place: -log(Exp(1)) (an exact 0 draw is clamped: +inf noise
-        on a masked -inf logit would give NaN)."""
-        return out.exponential_().clamp_(min=1e-30).log_().neg_()
-
-    def _logits(self, params: torch.Tensor) -> torch.Tensor:
-        logits = params.reshape(params.shape[0], self.k, self.max_n)
-        if self.has_mask:
-            logits = logits + self.neg_inf
-        return logits
-
-    def act_(self, params, noise, act_out, raw_out=None, deterministic=False):
-        """Sample (Gumbel-max) into ``act_out`` (shape ``[B, *action_shape]``); returns
-        the sampled actions (for ``log_prob``)."""
-        logits = self._logits(params)
-        if not deterministic:
-            logits = logits + noise
-        b = logits.shape[0]
-        if (
-            not self.has_start
-            and act_out.dtype == torch.int64
-            and act_out.device == logits.device
-            and act_out.is_contiguous()
-        ):
-            out = act_out.view(b, self.k)
-            torch.argmax(logits, -1, out=out)
-            return out
-        idx = logits.argmax(-1)
-        if self.has_start:
-            idx = idx + self.start
-        act_out.copy_(idx.reshape(act_out.shape))
-        return idx
-
-    def _index(self, actions: torch.Tensor) -> torch.Tensor:
-        a = actions.reshape(actions.shape[0], self.k)
-        if a.dtype != torch.int64:
-            a = a.long()
-        if self.has_start:
-            a = a - self.start
-        return a
-
-    def log_prob_entropy(self, params, actions, need_entropy=True):
-        if self.k == 1 and not self.has_mask and not self.has_start:
-            # Discrete: no reshapes (each view is an autograd node in the update).
-            logp_all = torch.log_softmax(params, -1)
-            a = actions if actions.dtype == torch.int64 else actions.long()
-            logp = logp_all.gather(1, a.view(-1, 1)).view(-1)
-            if not need_entropy:
-                return logp, None
-            return logp, -(logp_all.exp() * logp_all).sum(-1)
-        logits = self._logits(params)
-        logp_all = torch.log_softmax(logits, -1)
-        idx = self._index(actions)
-        logp = logp_all.gather(-1, idx.unsqueeze(-1)).squeeze(-1).sum(-1)
-        if not need_entropy:
-            return logp, None
-        p = logp_all.exp()
-        if self.has_mask:
-            logp_all = logp_all.masked_fill(self.invalid, 0.0)
-        ent = -(p * logp_all).sum(-1).sum(-1)
-        return logp, ent
-
-    def log_prob(self, params, actions):
-        return self.log_prob_entropy(params, actions, need_entropy=False)[0]
-
-
-class GaussianDist(nn.Module):
-    """Diagonal Gaussian with a learned, state-independent log std. The sampled
-    (unclipped) action is kept for the log-probability; the env gets it clipped to the
-    Box bounds (as SB3 does)."""
-
-    def __init__(self, space: spaces.Box, log_std_init: float = 0.0):
-        super().__init__()
-        self.action_shape = tuple(space.shape)
-        self.dim = int(np.prod(space.shape, dtype=np.int64))
-        self.n_params = self.dim
-        self.log_std = nn.Parameter(torch.full((self.dim,), float(log_std_init)))
-        low = np.broadcast_to(np.asarray(space.low, np.float32), space.shape).reshape(-1)
-        high = np.broadcast_to(np.asarray(space.high, np.float32), space.shape).reshape(-1)
-        self.register_buffer("low", torch.as_tensor(low.copy()))
-        self.register_buffer("high", torch.as_tensor(high.copy()))
-        self.bounded = bool(np.isfinite(low).any() or np.isfinite(high).any())
-        self.raw_action_dtype = torch.float32
-
-    def noise_shape(self, n_envs: int):
-        return (n_envs, self.dim)
-
-    def sample_noise(self, out: torch.Tensor) -> torch.Tensor:
-        return out.normal_()
-
-    def act_(self, params, noise, act_out, raw_out=None, deterministic=False):
-        """Sample into ``raw_out`` (``[B, dim]``, float32) and write the clipped
-        action into ``act_out`` (``[B, *action_shape]``, the env's dtype)."""
-        if deterministic:
-            raw = params
-        elif raw_out is not None:
-            raw = torch.addcmul(params, self.log_std.exp(), noise, out=raw_out)
-        else:
-            raw = torch.addcmul(params, self.log_std.exp(), noise)
-        flat_out = act_out.reshape(act_out.shape[0], self.dim)
-        if self.bounded:
-            if flat_out.dtype == torch.float32 and flat_out.device == raw.device and flat_out.is_contiguous():
-                torch.clamp(raw, self.low, self.high, out=flat_out)
-            else:
-                flat_out.copy_(torch.clamp(raw, self.low, self.high))
-        else:
-            flat_out.copy_(raw)
-        return raw
-
-    def log_prob_entropy(self, params, raw_actions, need_entropy=True):
-        log_std = self.log_std
-        z = (raw_actions.reshape(params.shape) - params) * torch.exp(-log_std)
-        logp = (-0.5 * z.square() - log_std).sum(-1) - 0.5 * math.log(2 * math.pi) * self.dim
-        if not need_entropy:
-            return logp, None
-        ent = (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum().expand(params.shape[0])
-        return logp, ent
-
-    def log_prob(self, params, raw_actions):
-        return self.log_prob_entropy(params, raw_actions, need_entropy=False)[0]
-
-
-def make_dist(act_space: spaces.Space, log_std_init: float = 0.0) -> nn.Module:
-    if isinstance(act_space, spaces.Discrete):
-        return CategoricalDist([act_space.n], [act_space.start], action_shape=())
-    if isinstance(act_space, spaces.MultiDiscrete):
-        return CategoricalDist(
-            act_space.nvec.reshape(-1), act_space.start.reshape(-1), action_shape=act_space.nvec.shape
-        )
-    if isinstance(act_space, spaces.MultiBinary):
-        shape = tuple(np.atleast_1d(act_space.shape))
-        k = int(np.prod(shape))
-        return CategoricalDist([2] * k, None, action_shape=shape)
-    if isinstance(act_space, spaces.Box):
-        if not np.issubdtype(act_space.dtype, np.floating):
-            raise ValueError(f"the PPO trainer needs a floating-point Box for continuous actions, got {act_space}")
-        return GaussianDist(act_space, log_std_init)
-    raise ValueError(
-        f"the PPO trainer does not support {type(act_space).__name__} actions; "
-        "use Discrete, MultiDiscrete, MultiBinary or Box"
-    )
-
-
-# ---------------------------------------------------------------------- actor-critic
 class ActorCritic(nn.Module):
-    """Policy and value function for one pair of spaces.
+    """Policy and value function for one pair of spaces (see the module docstring).
 
     ``act_(obs, noise, act_out, raw_out, logp_out, value_out)`` samples for one step;
     ``evaluate(obs, actions)`` gives (log_prob, entropy, value) for training;
-    ``value(obs)`` and ``log_prob(obs, actions)`` are used on whole rollouts.
+    ``value(obs)``, ``params_and_value(obs)`` and ``log_prob(obs, actions)`` are used on
+    whole rollouts.
     """
 
     def __init__(
@@ -349,32 +116,48 @@ class ActorCritic(nn.Module):
         self.image = is_image_space(obs_space)
         self.kind = "cnn" if self.image else "mlp"
         self.obs_norm = None
+        self.one_hot = False
+        # The pieces are made (and their random initial weights drawn) in the order they
+        # are registered: the actor's body and head, then the critic's.
         if self.image:
-            layout = _image_layout(obs_space.shape)
-            self.hwc = layout == "hwc"
-            c, h, w = obs_space.shape if not self.hwc else (obs_space.shape[2], *obs_space.shape[:2])
-            self.trunk = NatureCNN(c, h, w, cnn_features)
-            self.actor_head = _ortho(nn.Linear(cnn_features, self.dist.n_params), 0.01)
-            self.critic_head = _ortho(nn.Linear(cnn_features, 1), 1.0)
-            self.values_at_act = True
+            self._shared_body(obs_space, cnn_features)
         else:
-            self.obs_dim = _flat_obs_dim(obs_space)
-            self.one_hot = isinstance(obs_space, spaces.Discrete)
-            if self.one_hot:
-                self.obs_start = int(obs_space.start)
-            sizes = [self.obs_dim, *[int(h) for h in hidden]]
-            critic_sizes = sizes if critic_hidden is None else [self.obs_dim, *[int(h) for h in critic_hidden]]
-            self.actor = _mlp(sizes, activation, self.dist.n_params, 0.01, ortho_init)
-            self.critic = _mlp(critic_sizes, activation, 1, 1.0, ortho_init)
+            self._separate_bodies(obs_space, hidden, critic_hidden, activation, ortho_init)
             if normalize_obs and not self.one_hot:
                 self.obs_norm = RunningNorm(self.obs_dim)
-            self.values_at_act = False
+        self.values_at_act = self.image
         # Small float-convertible vector observations can be packed with the other
-        # per-sample training data (one gather per epoch; see PPO.update).
+        # per-sample training data (one gather per epoch; see fastvec.train.update).
         self.packable_obs = (
             not self.image and not self.one_hot and isinstance(obs_space, spaces.Box) and self.obs_dim <= 4096
         )
         self._acting: ActingPath | None = None  # made on first use (acting_path)
+
+    def _shared_body(self, obs_space, features: int) -> None:
+        self.hwc = _image_layout(obs_space.shape) == "hwc"
+        c, h, w = obs_space.shape if not self.hwc else (obs_space.shape[2], *obs_space.shape[:2])
+        self.body = Body(NatureCNN(c, h, w, features), IdentityCore())
+        self.actor_head = orthogonal(nn.Linear(features, self.dist.n_params), 0.01)
+        self.critic_head = orthogonal(nn.Linear(features, 1), 1.0)
+
+    def _separate_bodies(self, obs_space, hidden, critic_hidden, activation: str, ortho: bool) -> None:
+        self.obs_dim = _flat_obs_dim(obs_space)
+        self.one_hot = isinstance(obs_space, spaces.Discrete)
+        if self.one_hot:
+            self.obs_start = int(obs_space.start)
+        sizes = [self.obs_dim, *[int(h) for h in hidden]]
+        critic_sizes = sizes if critic_hidden is None else [self.obs_dim, *[int(h) for h in critic_hidden]]
+        for side, sz, out, gain in (("actor", sizes, self.dist.n_params, 0.01), ("critic", critic_sizes, 1, 1.0)):
+            setattr(self, f"{side}_body", Body(mlp_encoder(sz, activation, ortho), IdentityCore()))
+            head = nn.Linear(sz[-1], out)
+            setattr(self, f"{side}_head", orthogonal(head, gain) if ortho else head)
+
+    def stack(self, side: str) -> list[nn.Module]:
+        """An MLP side's modules in the order they compute (``side``: actor or critic):
+        its encoder's layers and activations, then its head (the core is the identity).
+        What the numpy paths (acting, the learner) take apart."""
+        body = getattr(self, f"{side}_body")
+        return [*body.encoder, getattr(self, f"{side}_head")]
 
     # -------------------------------------------------------------- preprocessing
     def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
@@ -391,24 +174,25 @@ class ActorCritic(nn.Module):
             self.obs_norm.update(obs.reshape(-1, self.obs_dim))
 
     # -------------------------------------------------------------- forward pieces
+    def features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's and the critic's features of the network input ``x`` (one tensor
+        twice where the body is shared)."""
+        if self.image:
+            h = self.body(x)
+            return h, h
+        return self.actor_body(x), self.critic_body(x)
+
     def actor_params(self, obs: torch.Tensor) -> torch.Tensor:
         x = self.preprocess(obs)
-        if self.image:
-            return self.actor_head(self.trunk(x))
-        return self.actor(x)
+        return self.actor_head(self.body(x) if self.image else self.actor_body(x))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         x = self.preprocess(obs)
-        if self.image:
-            return self.critic_head(self.trunk(x)).squeeze(-1)
-        return self.critic(x).squeeze(-1)
+        return self.critic_head(self.body(x) if self.image else self.critic_body(x)).squeeze(-1)
 
     def params_and_value(self, obs: torch.Tensor):
-        x = self.preprocess(obs)
-        if self.image:
-            h = self.trunk(x)
-            return self.actor_head(h), self.critic_head(h).squeeze(-1)
-        return self.actor(x), self.critic(x).squeeze(-1)
+        fa, fc = self.features(self.preprocess(obs))
+        return self.actor_head(fa), self.critic_head(fc).squeeze(-1)
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor, need_entropy: bool = True):
         params, v = self.params_and_value(obs)
@@ -428,7 +212,7 @@ class ActorCritic(nn.Module):
         path = self._acting
         if path is None or not path.current():
             path = self._acting = build_acting_path(
-                self.actor,
+                self.stack("actor"),
                 self.dist,
                 gaussian=isinstance(self.dist, GaussianDist),
                 obs_dim=self.obs_dim,
@@ -443,7 +227,7 @@ class ActorCritic(nn.Module):
 
     def act_(self, obs, noise, act_out, raw_out=None, logp_out=None, value_out=None, deterministic: bool = False):
         """One acting step (call under ``torch.inference_mode()``). Writes actions into
-        ``act_out``; for a shared trunk also the log-prob and value into ``logp_out`` /
+        ``act_out``; for a shared body also the log-prob and value into ``logp_out`` /
         ``value_out`` when given."""
         if not self.image:
             self.acting_path().act(obs, noise, act_out, raw_out, deterministic)

@@ -7,8 +7,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .distributions import GaussianDist
 from .host_memory import alloc
-from .policies import ActorCritic, GaussianDist
+from .policies import ActorCritic
 
 __all__ = ["Rollout", "StepSlots"]
 
@@ -64,21 +65,39 @@ class Rollout:
         if device.type != "cpu" and copies is False:
             raise ValueError(f"zero copy needs the learner on the CPU, not {device}")
         self.copies = device.type != "cpu" if copies is None else bool(copies)
-        pin = device.type == "cuda" if pin is None else pin
         self.obs = torch.from_numpy(storage.obs)  # [T+1, N, *obs_shape]
         self.final_obs = torch.from_numpy(storage.final_obs)
         self.act = torch.from_numpy(storage.act)  # [T+1, N, *act_shape], what the env gets
         self.rewards = torch.from_numpy(storage.rewards)
         self.terminated = torch.from_numpy(storage.terminated)
         self.truncated = torch.from_numpy(storage.truncated)
-        T, N = self.T, self.N
         dist = policy.dist
         self.gaussian = isinstance(dist, GaussianDist)
-        dev = device
-        # Learner-side arrays (numpy views kept for fastvec.gae).
         self.shared = shared
-        zero_copy_shared = shared is not None and not self.copies
-        self.values_np = shared["values"] if zero_copy_shared else alloc((T + 1, N), np.float32, pin)
+        self._learner_arrays(device.type == "cuda" if pin is None else pin)
+        self._acting_arrays(dist)
+        at_act = self.at_act = policy.values_at_act
+        self.steps = [
+            StepSlots(
+                self.obs_dev[t],
+                self.obs[t],
+                self.noise[t],
+                self.act_dev[t + 1],
+                self.act[t + 1],
+                self.raw[t] if self.gaussian else None,
+                self.logp[t] if at_act else None,
+                self.values[t] if at_act else None,
+            )
+            for t in range(T)
+        ]
+        self._by_group: list | None = None
+
+    def _learner_arrays(self, pin: bool) -> None:
+        """Values, advantages and returns: host arrays (numpy, for ``fastvec.gae``) and,
+        with copies, their device buffers; the observations' and actions' device buffers."""
+        T, N, dev = self.T, self.N, self.device
+        zero_copy_shared = self.shared is not None and not self.copies
+        self.values_np = self.shared["values"] if zero_copy_shared else alloc((T + 1, N), np.float32, pin)
         self.next_values_np = alloc((T, N), np.float32, pin)
         self.adv_np = alloc((T, N), np.float32, pin)
         self.ret_np = alloc((T, N), np.float32, pin)
@@ -97,27 +116,28 @@ class Rollout:
             self.values = self.values_host
             self.adv = torch.from_numpy(self.adv_np)
             self.ret = torch.from_numpy(self.ret_np)
-        if zero_copy_shared:
-            self.logp = torch.from_numpy(shared["logp"])
-            self.raw = torch.from_numpy(shared["raw"]) if self.gaussian else None
+
+    def _acting_arrays(self, dist) -> None:
+        """What acting records beside the storage: log-probs, the Gaussian's raw samples
+        (the async pipeline's shared memory where given), the rollout's sampling noise."""
+        T, N, dev = self.T, self.N, self.device
+        if self.shared is not None and not self.copies:
+            self.logp = torch.from_numpy(self.shared["logp"])
+            self.raw = torch.from_numpy(self.shared["raw"]) if self.gaussian else None
         else:
             self.logp = torch.empty((T, N), device=dev)
             self.raw = torch.empty((T, N, dist.dim), device=dev) if self.gaussian else None
         self.noise = torch.empty((T, *dist.noise_shape(N)), device=dev)
-        at_act = self.at_act = policy.values_at_act
-        self.steps = [
-            StepSlots(
-                self.obs_dev[t],
-                self.obs[t],
-                self.noise[t],
-                self.act_dev[t + 1],
-                self.act[t + 1],
-                self.raw[t] if self.gaussian else None,
-                self.logp[t] if at_act else None,
-                self.values[t] if at_act else None,
-            )
-            for t in range(T)
-        ]
+
+    def steps_by_group(self) -> list[list[StepSlots]] | None:
+        """Per batch group of the storage (``groups``), per step t: that group's rows of
+        ``steps[t]`` (made once: no slicing in the hot loop); None with one group."""
+        groups = self.storage.groups
+        if len(groups) < 2:
+            return None
+        if self._by_group is None:
+            self._by_group = [[slots.rows(a, b) for slots in self.steps] for a, b in groups]
+        return self._by_group
 
     @property
     def cuda(self) -> bool:

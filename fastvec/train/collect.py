@@ -1,0 +1,124 @@
+"""Collect: the policy acts into the rollout storage for T steps, and nothing else.
+
+Per-step overhead is kept small: acting runs under ``torch.inference_mode()`` with a
+functional forward of the actor only (``fastvec.train.acting``; values and old
+log-probs of MLP policies are computed for the whole rollout afterwards, by
+``fastvec.train.targets``), the sampling noise is drawn once per rollout, and the actions
+are written in place into the storage's action slot. On a GPU (or with separate
+buffers) each step's observations are copied to the device before acting and its
+actions back after it.
+
+Two ways through a rollout: **lock-step** (act on every env's observations of step t,
+then step them all) and **by groups** (``env_groups``: group g's step t is in flight
+while the policy acts on the other groups').
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .busy import DeviceBusy
+from .rollout import Rollout
+from .runtime import Threads
+
+__all__ = ["Collector"]
+
+
+class Collector:
+    """Runs the policy through rollouts (``run``); counts where the time went.
+
+    ``between_steps``: None, or called with ``t`` before acting at each step ``t`` (the
+    async pipeline's collector takes up new weights there and records which version
+    acted). ``t_act`` / ``t_env``: seconds acting and waiting for the envs, summed over
+    the run; ``last_act_latency`` / ``last_env_latency``: per step, in the last rollout."""
+
+    def __init__(self, policy, busy: DeviceBusy, threads: Threads):
+        self.policy, self.busy, self.threads = policy, busy, threads
+        self.between_steps = None
+        self.t_act = self.t_env = 0.0
+        self.last_act_latency = self.last_env_latency = 0.0
+
+    def run(self, rollout: Rollout) -> None:
+        """One rollout of T steps on every env of ``rollout``'s storage."""
+        self.threads.use(self.threads.act)
+        views = rollout.steps_by_group()
+        with torch.inference_mode():
+            self.policy.dist.sample_noise(rollout.noise)
+            if views is not None:
+                t_act, t_env = self._by_groups(rollout, views)
+            else:
+                t_act, t_env = self._lockstep(rollout)
+            rollout.last_obs_to_device()
+        self.t_act += t_act
+        self.t_env += t_env
+        self.last_env_latency = t_env / rollout.T
+        self.last_act_latency = t_act / rollout.T
+
+    def _lockstep(self, rollout: Rollout) -> tuple[float, float]:
+        """Act on step t's observations, then step every env. With separate device
+        buffers the observations go to the device before acting and the actions come
+        back after it (``busy`` times that span on the device)."""
+        policy_act, step, copies = self.policy.act_, rollout.storage.step, rollout.copies
+        begin, end = self.busy.begin, self.busy.end
+        hook = self.between_steps
+        perf = time.perf_counter
+        t_act = t_env = 0.0
+        for t, slots in enumerate(rollout.steps):
+            obs, obs_h, noise, act, act_h, raw, logp, val = slots
+            t0 = perf()
+            if hook is not None:
+                hook(t)
+            if copies:
+                span = begin()
+                obs.copy_(obs_h, non_blocking=True)
+            policy_act(obs, noise, act, raw, logp, val)
+            if copies:
+                end(span)
+                act_h.copy_(act)  # synchronous: the env needs it now
+            t1 = perf()
+            step(t + 1)
+            t_env += perf() - t1
+            t_act += t1 - t0
+        return t_act, t_env
+
+    def _by_groups(self, rollout: Rollout, views: list) -> tuple[float, float]:
+        """Group g's step t is in flight while the policy acts on the other groups'
+        observations of step t, so acting and the envs overlap. Every env sees the same
+        actions as in lock-step (the noise is drawn per rollout): results differ only by
+        floating-point rounding of the smaller batches. A failure leaves other groups in
+        flight: the engine's close collects them."""
+        T, sto = rollout.T, rollout.storage
+        policy_act, send, recv = self.policy.act_, sto.send, sto.recv
+        copies = rollout.copies
+        begin, end = self.busy.begin, self.busy.end
+        hook = self.between_steps
+        perf = time.perf_counter
+        t_act = t_env = 0.0
+        for t in range(T):
+            if hook is not None:
+                hook(t)
+            for g, by_step in enumerate(views):
+                t0 = perf()
+                if t:
+                    recv(g, t)
+                t1 = perf()
+                obs, obs_h, noise, act, act_h, raw, logp, val = by_step[t]
+                if copies:
+                    span = begin()
+                    obs.copy_(obs_h, non_blocking=True)
+                policy_act(obs, noise, act, raw, logp, val)
+                if copies:
+                    end(span)
+                    act_h.copy_(act)  # synchronous: the env needs it now
+                t2 = perf()
+                send(g, t + 1)
+                t3 = perf()
+                t_env += (t1 - t0) + (t3 - t2)
+                t_act += t2 - t1
+        t0 = perf()
+        for g in range(len(views)):
+            recv(g, T)
+        t_env += perf() - t0
+        return t_act, t_env

@@ -1,0 +1,190 @@
+"""The action distributions of the trainer's policies, chosen from the action space.
+
+- ``CategoricalDist``: independent categoricals for ``Discrete``, ``MultiDiscrete`` (one
+  per component) and ``MultiBinary`` (two-way) actions;
+- ``GaussianDist``: a diagonal Gaussian with a state-independent log std for ``Box``.
+
+Both sample with noise drawn for a whole rollout at once (``sample_noise``: Gumbel-max
+for categoricals, ``mean + std * eps`` for Gaussians) and write the actions straight into
+the caller's tensors (``act_``): the engine's shared action buffers, in the trainer's
+hot loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn as nn
+from gymnasium import spaces
+
+__all__ = ["CategoricalDist", "GaussianDist", "make_dist"]
+
+
+class CategoricalDist(nn.Module):
+    """Independent categoricals over ``k`` components with ``nvec`` choices each,
+    laid out as ``[B, k, max_n]`` logits; missing choices are masked to -inf.
+    ``Discrete`` is ``k = 1`` (actions of shape ``[B]``); ``MultiBinary`` is
+    ``nvec = 2``."""
+
+    def __init__(self, nvec, start=None, action_shape=(), squeeze=True):
+        super().__init__()
+        nvec = np.asarray(nvec, dtype=np.int64).reshape(-1)
+        self.k, self.max_n = int(nvec.size), int(nvec.max())
+        self.n_params = self.k * self.max_n
+        self.action_shape = tuple(action_shape)
+        self.squeeze = squeeze
+        mask = np.arange(self.max_n)[None, :] >= nvec[:, None]  # True where invalid
+        self.has_mask = bool(mask.any())
+        self.register_buffer("invalid", torch.as_tensor(mask))
+        self.register_buffer("neg_inf", torch.as_tensor(np.where(mask, -np.inf, 0.0), dtype=torch.float32))
+        start = np.zeros(self.k, np.int64) if start is None else np.asarray(start, np.int64).reshape(-1)
+        self.has_start = bool(np.any(start != 0))
+        self.register_buffer("start", torch.as_tensor(start))
+        self.raw_action_dtype = None  # actions are stored in the env's own buffer
+
+    def noise_shape(self, n_envs: int):
+        return (n_envs, self.k, self.max_n)
+
+    def sample_noise(self, out: torch.Tensor) -> torch.Tensor:
+        """Gumbel noise, in place: -log(Exp(1)) (an exact 0 draw is clamped: +inf noise
+        on a masked -inf logit would give NaN)."""
+        return out.exponential_().clamp_(min=1e-30).log_().neg_()
+
+    def _logits(self, params: torch.Tensor) -> torch.Tensor:
+        logits = params.reshape(params.shape[0], self.k, self.max_n)
+        if self.has_mask:
+            logits = logits + self.neg_inf
+        return logits
+
+    def act_(self, params, noise, act_out, raw_out=None, deterministic=False):
+        """Sample (Gumbel-max) into ``act_out`` (shape ``[B, *action_shape]``); returns
+        the sampled actions (for ``log_prob``)."""
+        logits = self._logits(params)
+        if not deterministic:
+            logits = logits + noise
+        b = logits.shape[0]
+        if (
+            not self.has_start
+            and act_out.dtype == torch.int64
+            and act_out.device == logits.device
+            and act_out.is_contiguous()
+        ):
+            out = act_out.view(b, self.k)
+            torch.argmax(logits, -1, out=out)
+            return out
+        idx = logits.argmax(-1)
+        if self.has_start:
+            idx = idx + self.start
+        act_out.copy_(idx.reshape(act_out.shape))
+        return idx
+
+    def _index(self, actions: torch.Tensor) -> torch.Tensor:
+        a = actions.reshape(actions.shape[0], self.k)
+        if a.dtype != torch.int64:
+            a = a.long()
+        if self.has_start:
+            a = a - self.start
+        return a
+
+    def log_prob_entropy(self, params, actions, need_entropy=True):
+        if self.k == 1 and not self.has_mask and not self.has_start:
+            # Discrete: no reshapes (each view is an autograd node in the update).
+            logp_all = torch.log_softmax(params, -1)
+            a = actions if actions.dtype == torch.int64 else actions.long()
+            logp = logp_all.gather(1, a.view(-1, 1)).view(-1)
+            if not need_entropy:
+                return logp, None
+            return logp, -(logp_all.exp() * logp_all).sum(-1)
+        logits = self._logits(params)
+        logp_all = torch.log_softmax(logits, -1)
+        idx = self._index(actions)
+        logp = logp_all.gather(-1, idx.unsqueeze(-1)).squeeze(-1).sum(-1)
+        if not need_entropy:
+            return logp, None
+        p = logp_all.exp()
+        if self.has_mask:
+            logp_all = logp_all.masked_fill(self.invalid, 0.0)
+        ent = -(p * logp_all).sum(-1).sum(-1)
+        return logp, ent
+
+    def log_prob(self, params, actions):
+        return self.log_prob_entropy(params, actions, need_entropy=False)[0]
+
+
+class GaussianDist(nn.Module):
+    """Diagonal Gaussian with a learned, state-independent log std. The sampled
+    (unclipped) action is kept for the log-probability; the env gets it clipped to the
+    Box bounds (as SB3 does)."""
+
+    def __init__(self, space: spaces.Box, log_std_init: float = 0.0):
+        super().__init__()
+        self.action_shape = tuple(space.shape)
+        self.dim = int(np.prod(space.shape, dtype=np.int64))
+        self.n_params = self.dim
+        self.log_std = nn.Parameter(torch.full((self.dim,), float(log_std_init)))
+        low = np.broadcast_to(np.asarray(space.low, np.float32), space.shape).reshape(-1)
+        high = np.broadcast_to(np.asarray(space.high, np.float32), space.shape).reshape(-1)
+        self.register_buffer("low", torch.as_tensor(low.copy()))
+        self.register_buffer("high", torch.as_tensor(high.copy()))
+        self.bounded = bool(np.isfinite(low).any() or np.isfinite(high).any())
+        self.raw_action_dtype = torch.float32
+
+    def noise_shape(self, n_envs: int):
+        return (n_envs, self.dim)
+
+    def sample_noise(self, out: torch.Tensor) -> torch.Tensor:
+        return out.normal_()
+
+    def act_(self, params, noise, act_out, raw_out=None, deterministic=False):
+        """Sample into ``raw_out`` (``[B, dim]``, float32) and write the clipped
+        action into ``act_out`` (``[B, *action_shape]``, the env's dtype)."""
+        if deterministic:
+            raw = params
+        elif raw_out is not None:
+            raw = torch.addcmul(params, self.log_std.exp(), noise, out=raw_out)
+        else:
+            raw = torch.addcmul(params, self.log_std.exp(), noise)
+        flat_out = act_out.reshape(act_out.shape[0], self.dim)
+        if self.bounded:
+            if flat_out.dtype == torch.float32 and flat_out.device == raw.device and flat_out.is_contiguous():
+                torch.clamp(raw, self.low, self.high, out=flat_out)
+            else:
+                flat_out.copy_(torch.clamp(raw, self.low, self.high))
+        else:
+            flat_out.copy_(raw)
+        return raw
+
+    def log_prob_entropy(self, params, raw_actions, need_entropy=True):
+        log_std = self.log_std
+        z = (raw_actions.reshape(params.shape) - params) * torch.exp(-log_std)
+        logp = (-0.5 * z.square() - log_std).sum(-1) - 0.5 * math.log(2 * math.pi) * self.dim
+        if not need_entropy:
+            return logp, None
+        ent = (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum().expand(params.shape[0])
+        return logp, ent
+
+    def log_prob(self, params, raw_actions):
+        return self.log_prob_entropy(params, raw_actions, need_entropy=False)[0]
+
+
+def make_dist(act_space: spaces.Space, log_std_init: float = 0.0) -> nn.Module:
+    if isinstance(act_space, spaces.Discrete):
+        return CategoricalDist([act_space.n], [act_space.start], action_shape=())
+    if isinstance(act_space, spaces.MultiDiscrete):
+        return CategoricalDist(
+            act_space.nvec.reshape(-1), act_space.start.reshape(-1), action_shape=act_space.nvec.shape
+        )
+    if isinstance(act_space, spaces.MultiBinary):
+        shape = tuple(np.atleast_1d(act_space.shape))
+        k = int(np.prod(shape))
+        return CategoricalDist([2] * k, None, action_shape=shape)
+    if isinstance(act_space, spaces.Box):
+        if not np.issubdtype(act_space.dtype, np.floating):
+            raise ValueError(f"the PPO trainer needs a floating-point Box for continuous actions, got {act_space}")
+        return GaussianDist(act_space, log_std_init)
+    raise ValueError(
+        f"the PPO trainer does not support {type(act_space).__name__} actions; "
+        "use Discrete, MultiDiscrete, MultiBinary or Box"
+    )

@@ -1,0 +1,213 @@
+"""Update: ``n_epochs`` passes of minibatch PPO over a rollout whose targets are computed.
+
+The optimiser (``FlatAdam`` on the policy's flat parameters), the epochs and minibatches,
+the losses (``fastvec.train.losses``, or ``fastvec.train.numpy_learner`` for small MLPs on
+the CPU), the early stop on the approximate KL, and the learning rate's schedule
+(``fastvec.train.lr_schedule``) all live here, and nowhere else.
+
+Per epoch the per-sample data is permuted with one gather (observations, old
+log-probs, advantages, returns and old values packed in one float tensor when the
+observations are small vectors), so a minibatch is a contiguous slice. Advantages are
+normalised over the whole batch, once. KL and clip-fraction statistics are computed in
+the last epoch only, or in every minibatch when ``target_kl`` needs them.
+
+Two seams are marked for data-parallel learners: the batch's advantage statistics
+(``_advantages``) and the step from a minibatch's gradient (``_step``, where the
+gradient is clipped and applied).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+
+import numpy as np
+import torch
+
+from .busy import DeviceBusy
+from .config import ConfigError, PPOConfig
+from .distributions import GaussianDist
+from .losses import AutogradMinibatch
+from .lr_schedule import LRSchedule, mean_kl
+from .numpy_learner import NumpyLearner
+from .optim import FlatAdam
+from .rollout import Rollout
+from .runtime import Threads
+
+__all__ = ["Updater", "numpy_learner_for"]
+
+
+def numpy_learner_for(cfg: PPOConfig, policy, flat_grad, device, learn_threads: int) -> NumpyLearner | None:
+    """The minibatch gradient in numpy where it covers the policy (``cfg.learner``:
+    "auto" takes it there, "numpy" insists, "torch" keeps autograd)."""
+    if cfg.learner == "torch":
+        return None
+    why = NumpyLearner.why_not(policy, device, learn_threads)
+    if why is not None:
+        if cfg.learner == "numpy":
+            raise ConfigError(f"learner=numpy does not fit this run: {why}; use learner=auto or torch")
+        return None
+    return NumpyLearner(policy, flat_grad, cfg.ent_coef, cfg.vf_coef, cfg.clip_vf)
+
+
+class Updater:
+    """The learning state: optimiser, schedules and counters (``updates`` done,
+    ``grad_steps`` and the ``learn_samples`` they learned from, ``t_learn`` seconds);
+    ``run`` updates the policy from a rollout, ``summary`` reports the last update.
+    ``batch``: the samples of a rollout (``T * N``), the schedules' unit."""
+
+    def __init__(
+        self,
+        cfg: PPOConfig,
+        policy,
+        flat_param: torch.Tensor,
+        flat_grad: torch.Tensor,
+        batch: int,
+        busy: DeviceBusy,
+        threads: Threads,
+    ):
+        self.cfg, self.policy, self.flat_param, self.flat_grad = cfg, policy, flat_param, flat_grad
+        self.batch, self.busy, self.threads = batch, busy, threads
+        self.device = flat_param.device
+        self.opt = FlatAdam(flat_param, cfg.lr, cfg.adam_eps)
+        self.np_learner = numpy_learner_for(cfg, policy, flat_grad, self.device, threads.learn)
+        self._autograd = AutogradMinibatch(policy, flat_grad, cfg.ent_coef, cfg.vf_coef, cfg.clip_vf)
+        # the schedules' horizon, in updates (lr_horizon's, else total_steps')
+        self.num_updates = max(1, (cfg.lr_horizon or cfg.total_steps) // batch)
+        self.lr_schedule = LRSchedule(cfg, self.num_updates)
+        self.updates = 0
+        self.grad_steps = 0  # minibatch gradient steps taken, over the whole run
+        self.learn_samples = 0  # samples those steps learned from (the learner's speed: per t_learn)
+        self.t_learn = 0.0
+        self.last_stats: tuple | None = None  # the last update's (stats, lr, clip, epochs, early stop)
+
+    def run(self, rollout: Rollout, adv_weights: torch.Tensor | None = None) -> None:
+        """One update from ``rollout`` (its targets computed; ``adv_weights``: per-sample
+        weights of the advantages, or None)."""
+        t0 = time.perf_counter()
+        span = self.busy.begin()
+        cfg = self.cfg
+        self.threads.use(self.threads.learn)
+        frac = max(1.0 - self.updates / self.num_updates, 0.0)
+        self.opt.lr = lr = self.lr_schedule.rate(self.updates)
+        clip = max(cfg.clip_coef * frac if cfg.anneal_clip else cfg.clip_coef, 1e-8)
+        data, obs, acts, D = self._samples(rollout, adv_weights)
+        npl = self.np_learner
+        with npl.one_blas_thread() if npl is not None else contextlib.nullcontext():
+            stats, epochs_done, stop, n_mb, kl_from = self._epochs(data, obs, acts, D, clip)
+        self.updates += 1
+        if self.lr_schedule.adaptive:
+            self.lr_schedule.observe(mean_kl(stats["kl"][kl_from:]))
+        self.busy.end(span)
+        self.busy.synchronize()  # the update's queued device work counts in t_learn
+        self.t_learn += time.perf_counter() - t0
+        mb = min(cfg.minibatch_size, self.batch)
+        self.learn_samples += n_mb * mb
+        self.grad_steps += n_mb
+        self.last_stats = (stats, lr, clip, epochs_done, stop)
+
+    def _advantages(self, rollout: Rollout, adv_weights) -> torch.Tensor:
+        """The batch's advantages, normalised over it (``norm_adv``) and weighted."""
+        B = self.batch
+        adv = rollout.adv.view(B)
+        if self.cfg.norm_adv and B > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        if adv_weights is not None:
+            adv = adv * adv_weights
+        return adv
+
+    def _samples(self, rollout: Rollout, adv_weights):
+        """The per-sample data as one float tensor ``[B, D + 4]`` (the observations first
+        where they pack, ``D`` columns, then old log-prob, advantage, return, old value),
+        the observations (None where packed) and the actions."""
+        B, pol, npl = self.batch, self.policy, self.np_learner
+        obs = rollout.batch_obs()
+        acts = rollout.batch_actions()
+        adv = self._advantages(rollout, adv_weights)
+        cols = [
+            rollout.logp.view(B, 1),
+            adv.view(B, 1),
+            rollout.ret.view(B, 1),
+            rollout.values[: rollout.T].reshape(B, 1),
+        ]
+        if not pol.packable_obs:
+            return torch.cat(cols, 1), obs, acts, 0
+        # the numpy learner gets its inputs normalised once for the whole update
+        x = pol.preprocess(obs) if npl is not None else obs.reshape(B, pol.obs_dim).float()
+        return torch.cat([x, *cols], 1), None, acts, pol.obs_dim
+
+    def _epochs(self, data, obs, acts, D: int, clip: float):
+        """The epochs' minibatches, each one gradient step; ``(stats, epochs done, stopped
+        by the KL, minibatches stepped, where the last epoch's KLs start in stats)``."""
+        cfg, B, npl = self.cfg, self.batch, self.np_learner
+        mb = min(cfg.minibatch_size, B)
+        minibatch = npl.minibatch if npl is not None else self._autograd.minibatch
+        target_kl = cfg.target_kl
+        stats: dict = collections.defaultdict(list)
+        stop = False
+        epochs_done = kl_from = n_mb = 0
+        for epoch in range(cfg.n_epochs):
+            want_stats = epoch == cfg.n_epochs - 1 or target_kl is not None
+            kl_from = len(stats["kl"])  # where this epoch's KLs start: the adaptive rate reads the last's
+            if mb < B:
+                perm = torch.randperm(B, device=self.device)
+                data_e, acts_e = data[perm], acts[perm]
+                obs_e = None if obs is None else obs[perm]
+            else:
+                data_e, acts_e, obs_e = data, acts, obs
+            if npl is not None:
+                data_e, acts_e = data_e.numpy(), acts_e.numpy()
+            for start in range(0, B - 1, mb):
+                rows = data_e[start : start + mb]
+                if rows.shape[0] < 2:
+                    continue
+                o = rows[:, :D] if obs_e is None else obs_e[start : start + mb]
+                cols = (rows[:, D], rows[:, D + 1], rows[:, D + 2], rows[:, D + 3])
+                if minibatch(o, acts_e[start : start + mb], *cols, clip, want_stats, target_kl, stats):
+                    stop = True
+                    break
+                self._step()
+                n_mb += 1
+            epochs_done = epoch + 1
+            if stop:
+                break
+        return stats, epochs_done, stop, n_mb, kl_from
+
+    def _step(self) -> None:
+        """Apply a minibatch's gradient: clip its global norm (``clip_grad_norm_`` on the one
+        flat gradient), then Adam's step."""
+        grad = self.flat_grad
+        grad.mul_((self.cfg.max_grad_norm / (grad.norm() + 1e-6)).clamp_(max=1.0))
+        self.opt.step()
+
+    def summary(self, rollout: Rollout) -> dict:
+        """Losses etc. of the last update (reads tensors: call at logging time only)."""
+        if self.last_stats is None:
+            return {}
+        stats, lr, clip, epochs_done, stop = self.last_stats
+
+        def mean(key):
+            xs = stats.get(key)
+            return float(np.mean([float(x) for x in xs])) if xs else None
+
+        with torch.no_grad():
+            ret = rollout.ret.reshape(-1)
+            v = rollout.values[: rollout.T].reshape(-1)
+            var_y = ret.var()
+            ev = float(1.0 - (ret - v).var() / var_y) if var_y > 0 else float("nan")
+        out = {
+            "losses/policy": mean("pg"),
+            "losses/value": mean("v"),
+            "losses/entropy": mean("ent"),
+            "losses/approx_kl": mean("kl"),
+            "losses/clip_fraction": mean("cf"),
+            "losses/explained_variance": ev,
+            "losses/learning_rate": lr,
+            "losses/clip_coef": clip,
+            "losses/epochs": epochs_done,
+            "losses/kl_early_stop": int(stop),
+        }
+        if isinstance(self.policy.dist, GaussianDist):
+            out["losses/action_std"] = float(self.policy.dist.log_std.detach().exp().mean())
+        return out
