@@ -19,6 +19,7 @@ import sys
 import time
 
 from ._cli_util import OneLineParser, positive_int
+from .env_ids import env_id_problem, make_env
 
 __all__ = ["main", "run"]
 
@@ -52,34 +53,6 @@ def build_parser() -> OneLineParser:
     p.add_argument("--repeats", type=positive_int, default=3, metavar="N", help="rounds (default 3)")
     p.add_argument("--seed", type=int, default=0, help="seed for env resets and actions (default 0)")
     return p
-
-
-def make_env(env_id: str):
-    """One env; module-level so that every start method can pickle ``partial(make_env, id)``."""
-    import gymnasium as gym
-
-    if env_id.startswith("ALE/"):  # gymnasium >= 1.0 registers Atari only on request
-        import ale_py
-
-        gym.register_envs(ale_py)
-    return gym.make(env_id)
-
-
-def _check_env_id(env_id: str) -> str | None:
-    """Why ``env_id`` names no registered env, or None."""
-    import gymnasium as gym
-
-    try:
-        if env_id.startswith("ALE/"):
-            import ale_py
-
-            gym.register_envs(ale_py)
-        gym.spec(env_id)
-    except ImportError:
-        return f"{env_id!r} needs ale-py (pip install ale-py)"
-    except gym.error.Error as exc:
-        return f"unknown env id {env_id!r} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-    return None
 
 
 def _measure(build, actions: list, steps: int, seed: int) -> float:
@@ -178,7 +151,7 @@ def main(name: str = "bench", argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
-        why = _check_env_id(args.env_id)
+        why = env_id_problem(args.env_id)
         if why:
             parser.error(why)
     except SystemExit as exc:  # a usage error, already printed as one line (or --help: 0)

@@ -380,7 +380,7 @@ class Engine(WorkerReplies, EngineBase):
             fast is not None
             and type(actions) is np.ndarray
             and actions.shape == fast.shape
-            and fast._fast_in_bounds(actions)
+            and fast.fast_in_bounds(actions)
         ):
             self.act_bufs[0][slot] = actions
         elif actions is not IN_SLOT:  # anything else: the full checks, which word every error

@@ -11,7 +11,7 @@ conventions (dtypes, flags, layouts, ``out=``) are GAE's.
 from __future__ import annotations
 
 from ._gae import vtrace_kernel
-from .gae import _coef, _finish, _flag_input, _float_input, _outputs, _real, _values_dtype
+from .kernel_io import coef, finish, flag_input, float_input, outputs, real, values_dtype
 
 __all__ = ["vtrace"]
 
@@ -20,7 +20,7 @@ _ADVANTAGES = ("vtrace", "gae")
 
 def _clip(x, name):
     """rho_bar / c_bar / pg_rho_bar: a positive number, ``inf`` allowed."""
-    x = _real(x, name, "a positive number (inf allowed)")
+    x = real(x, name, "a positive number (inf allowed)")
     if not x > 0.0:  # also True for NaN
         raise ValueError(f"{name} must be a positive number (inf allowed), got {x!r}")
     return x
@@ -145,15 +145,15 @@ def vtrace(
     >>> target[:, 0].tolist()  # rho = c = 1 (ratio 2 clipped): discounted returns
     [1.75, 1.5, 1.0]
     """
-    values, dt = _values_dtype(values)
+    values, dt = values_dtype(values)
     shape = values.shape
-    rewards = _float_input(rewards, "rewards", dt, shape)
-    next_values = _float_input(next_values, "next_values", dt, shape)
-    terminated = _flag_input(terminated, "terminated", shape)
-    truncated = _flag_input(truncated, "truncated", shape)
-    log_rhos = _float_input(log_rhos, "log_rhos", dt, shape)
-    gamma = _coef(gamma, "gamma")
-    lam = _coef(lam, "lam")
+    rewards = float_input(rewards, "rewards", dt, shape)
+    next_values = float_input(next_values, "next_values", dt, shape)
+    terminated = flag_input(terminated, "terminated", shape)
+    truncated = flag_input(truncated, "truncated", shape)
+    log_rhos = float_input(log_rhos, "log_rhos", dt, shape)
+    gamma = coef(gamma, "gamma")
+    lam = coef(lam, "lam")
     rho_bar = _clip(rho_bar, "rho_bar")
     c_bar = _clip(c_bar, "c_bar")
     if not isinstance(advantages, str) or advantages not in _ADVANTAGES:
@@ -164,7 +164,7 @@ def vtrace(
         raise ValueError("pg_rho_bar only applies to advantages='vtrace' (the 'gae' advantages use rho_bar)")
     else:
         pg_rho_bar = _clip(pg_rho_bar, "pg_rho_bar")
-    adv, ret, adv_k, ret_k = _outputs(
+    adv, ret, adv_k, ret_k = outputs(
         out,
         dt,
         shape,
@@ -196,4 +196,4 @@ def vtrace(
         adv_k,
         ret_k,
     )
-    return _finish(adv, ret, adv_k, ret_k)
+    return finish(adv, ret, adv_k, ret_k)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastvec._core.infos import columns_to_records, encode_columns, merge_columns
-from fastvec.doors.gymnasium import columns_to_vector_infos
+from fastvec.doors.vector_infos import columns_to_vector_infos
 
 SCALARS = st.one_of(
     st.integers(-(2**40), 2**40),
@@ -145,7 +145,7 @@ def test_compiled_vector_infos_equal_gymnasiums_merge(kinds, n, rnd):
     from fastvec._core.infos import table_kind
     from fastvec.doors._gym_infos import table_vector_infos
     from fastvec.doors._sb3_infos import table_env_infos
-    from fastvec.doors.gymnasium import vector_dtype
+    from fastvec.doors.vector_infos import vector_dtype
 
     def draw(kind):
         if kind is bool:

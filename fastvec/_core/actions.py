@@ -89,15 +89,15 @@ class _DtypeCheck(_ArrayCheck):
     """Checks one leaf's batch under the "dtype" rule: numbers, the shape, and that the
     leaf's dtype holds them exactly (floats round to a float dtype's precision)."""
 
-    fast = True  # the engine's fused step may take an array that passes _fast_in_bounds
+    fast = True  # the engine's fused step may take an array that passes fast_in_bounds
 
-    def _fast_in_bounds(self, arr: np.ndarray) -> bool:
+    def fast_in_bounds(self, arr: np.ndarray) -> bool:
         """No bounds here: an array of the leaf's dtype (any float for a float leaf)
         needs no check."""
         return arr.dtype == self.dtype or (arr.dtype.kind == "f" and self.dtype.kind == "f")
 
     def check(self, value) -> np.ndarray:
-        if type(value) is np.ndarray and value.shape == self.shape and self._fast_in_bounds(value):
+        if type(value) is np.ndarray and value.shape == self.shape and self.fast_in_bounds(value):
             return value
         arr = _as_array(value, self.where)
         if arr.shape != self.shape:
@@ -166,7 +166,7 @@ class _LeafCheck(_ArrayCheck):
                 ok = frozenset(d for d in _FAST_DTYPES if not (self.integral and d.kind == "f"))
                 self.fast = (num_envs, m, lo, hi, ok)
 
-    def _fast_in_bounds(self, arr: np.ndarray) -> bool:
+    def fast_in_bounds(self, arr: np.ndarray) -> bool:
         """The compiled bounds check, where it applies. In bounds as given implies in
         bounds in the space's dtype (rounding is monotonic and the bounds are values of
         that dtype). False also means "not decided": the numpy path decides and words
@@ -181,7 +181,7 @@ class _LeafCheck(_ArrayCheck):
 
     def check(self, value) -> np.ndarray:
         # The usual batch first, in as few steps as possible.
-        if type(value) is np.ndarray and value.shape == self.shape and self._fast_in_bounds(value):
+        if type(value) is np.ndarray and value.shape == self.shape and self.fast_in_bounds(value):
             return value
         arr = _as_array(value, self.where)
         if arr.dtype.kind not in self.kinds:
@@ -192,7 +192,7 @@ class _LeafCheck(_ArrayCheck):
             )
         if arr.shape != self.shape:
             raise _wrong_shape(self.where, arr.shape, self.shape)
-        if self._fast_in_bounds(arr):
+        if self.fast_in_bounds(arr):
             return arr
         if arr.dtype.kind == "f":
             if np.isnan(arr).any():

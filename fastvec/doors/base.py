@@ -17,6 +17,12 @@ from ..options import EngineOptions
 from .threads import TorchThreads
 
 
+def check_open(door) -> None:
+    """ClosedError where ``door`` (a vector env of either door) is closed."""
+    if door.closed:
+        raise ClosedError(f"this {type(door).__name__} is closed")
+
+
 class EngineDoor:
     closed: bool
     num_envs: int
@@ -64,8 +70,7 @@ class EngineDoor:
         return report()
 
     def _check_open(self) -> None:
-        if self.closed:
-            raise ClosedError(f"this {type(self).__name__} is closed")
+        check_open(self)
 
     def _free_slot(self) -> int:
         return (self._slot + 1) % self._engine.num_slots

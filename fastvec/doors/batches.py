@@ -29,26 +29,19 @@ import multiprocessing
 import time
 
 import numpy as np
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode
 
 from .._core.actions import ActionWriter
 from .._core.infos import with_quiet_ends
 from .._core.layout import OBJECT, build_nested
 from ..errors import NoPendingCallError, PendingCallError
 from . import _gym_infos
+from .base import check_open
+from .vector_infos import VectorInfos
 
 # nothing to recv (returned and not sent, or failed) / reset results / a step in flight /
 # a step's results taken from the workers, kept for the next recv (ready mode)
 _IDLE, _READY, _SENT, _KEPT = 0, 1, 2, 3
-
-
-class _Infos:
-    """gymnasium's ``VectorEnv._add_info`` for a batch of ``num_envs`` envs."""
-
-    _add_info = VectorEnv._add_info
-
-    def __init__(self, num_envs: int):
-        self.num_envs = num_envs
 
 
 def _check_timeout(timeout) -> None:
@@ -70,12 +63,13 @@ class Batches:
     """The ``send``/``recv`` state of one ``AsyncVectorEnv`` (see the module's docstring)."""
 
     def __init__(self, door, batch_size: int, mode: str = "groups"):
-        eng = door._engine
+        eng = door.engine
         if batch_size < eng.num_envs and not hasattr(eng, "group_send"):
             raise ValueError(f"batch_size is not available on {type(eng).__name__} yet")
         self.door = door
         self.size = batch_size
         self.mode = mode
+        self.infos = VectorInfos(eng, batch_size)  # a batch's infos: batch_size rows
         if (batch_size < eng.num_envs or mode == "ready") and eng.groups is None:
             raise ValueError(
                 "batch_size needs each worker's envs to be one contiguous run (placement='contiguous', "
@@ -116,7 +110,7 @@ class Batches:
 
     def drain(self) -> None:
         """Closing: let every step in flight finish (results dropped)."""
-        eng = self.door._engine
+        eng = self.door.engine
         for u, st in enumerate(self.state):
             if st == _SENT:
                 self.state[u] = _IDLE
@@ -137,7 +131,7 @@ class Batches:
             raise ValueError("async_reset resets every env: `options['reset_mask']` is for reset()")
         door.reset_async(seed=seed, options=options)
         _, slot, _targets = door._take("reset", None)
-        env_infos = door._engine.reset_wait()
+        env_infos = door.engine.reset_wait()
         door._slot = slot
         for u, (a, b) in enumerate(self.units):
             self.state[u] = _READY
@@ -149,14 +143,14 @@ class Batches:
 
     def send(self, actions, env_ids=None) -> None:
         door = self.door
-        door._check_open()
+        check_open(door)
         if not self.active:
             raise NoPendingCallError("Calling `send` before `async_reset`: batches start with async_reset()", "send")
         batch = self._batch_of(env_ids)
-        if not hasattr(door._engine, "group_send"):
-            raise ValueError(f"send/recv are not available on {type(door._engine).__name__} yet")
+        if not hasattr(door.engine, "group_send"):
+            raise ValueError(f"send/recv are not available on {type(door.engine).__name__} yet")
         arrays = self.writer.validate(actions)  # ValueError before anything is sent
-        eng, k = door._engine, self.unit_size
+        eng, k = door.engine, self.unit_size
         for p, u in enumerate(batch):
             slot = (self.slot[u] + 1) % eng.num_slots
             rows = arrays if len(batch) == 1 else [arr[p * k : (p + 1) * k] for arr in arrays]
@@ -212,7 +206,7 @@ class Batches:
 
     def recv(self, timeout=None):
         door = self.door
-        door._check_open()
+        check_open(door)
         if not self.active:
             raise NoPendingCallError("Calling `recv` before `async_reset`", "recv")
         if timeout is not None:
@@ -236,7 +230,7 @@ class Batches:
         if (
             self.state[g] == _SENT
             and timeout is not None
-            and not door._engine.group_poll(self.workers[g], float(timeout))
+            and not door.engine.group_poll(self.workers[g], float(timeout))
         ):
             raise _timed_out(timeout)
         self.next = (g + 1) % len(self.units)
@@ -249,19 +243,17 @@ class Batches:
         if records is None:  # the common step: its infos straight from the table (see _take)
             infos = self._table_infos(u, slot, table)
         else:
-            infos = door._merge_infos(
-                records, slot, self._same_step(terminated, truncated), _Infos(self.size), self.units[u][0]
-            )
+            infos = self.infos.merge(records, slot, self._same_step(terminated, truncated), self.units[u][0])
         infos["env_id"] = self.env_ids[u].copy()
         self.recvd.append((u,))
-        obs = build_nested(door._engine.single_observation_space, obs_rows)[0]
+        obs = build_nested(door.engine.single_observation_space, obs_rows)[0]
         return obs, rewards, terminated, truncated, infos
 
     def _recv_ready(self, timeout):
         """The first units done whose envs make a batch (reset results first; of
         those found done together, the longest in flight first), in env order; their
         rows copied together."""
-        door, eng = self.door, self.door._engine
+        eng = self.door.engine
         want = self.per_batch
         if sum(st != _IDLE for st in self.state) < want:
             failed = f" ({len(self.failed)} workers' envs failed: async_reset() them)" if self.failed else ""
@@ -289,7 +281,6 @@ class Batches:
         k = self.unit_size
         parts: list = []
         infos: dict = {}
-        into = _Infos(self.size)
         taken = []
         try:
             for u in batch:
@@ -300,8 +291,8 @@ class Batches:
             raise
         for p, (u, (obs_rows, rewards, terminated, truncated, records, slot, _)) in enumerate(taken):
             parts.append((obs_rows, rewards, terminated, truncated))
-            infos = door._merge_infos(
-                records, slot, self._same_step(terminated, truncated), into, self.units[u][0], infos, offset=p * k
+            infos = self.infos.merge(
+                records, slot, self._same_step(terminated, truncated), self.units[u][0], infos, offset=p * k
             )
         infos["env_id"] = np.concatenate([self.env_ids[u] for u in batch])
         self.recvd.append(batch)
@@ -324,7 +315,7 @@ class Batches:
         ``records`` its envs' infos numbered from 0, or None for a step whose infos are
         all in the info table under one schema, ``table`` (read as columns by
         ``_table_infos``; ``columns``: records always)."""
-        door, eng = self.door, self.door._engine
+        door, eng = self.door, self.door.engine
         a, b = self.units[u]
         slot = self.slot[u]
         copy = door.copy or self.mode == "ready"
@@ -364,15 +355,15 @@ class Batches:
     def _table_infos(self, g: int, slot: int, table) -> dict:
         """gymnasium's infos of group ``g``'s step, every one in the info ``table``:
         this batch's rows of the table through the compiled builder."""
-        door, eng = self.door, self.door._engine
+        eng = self.door.engine
         a, b = self.units[g]
         info_i, info_f, mask, schema = table
         rows = slice(slot, slot + 1), slice(a, b)  # one slot's rows: contiguous, as the builder needs
-        infos = _gym_infos.table_vector_infos(info_i[rows], info_f[rows], mask[rows], 0, door._table_cols(schema))
+        infos = _gym_infos.table_vector_infos(info_i[rows], info_f[rows], mask[rows], 0, self.infos.table_cols(schema))
         if infos is not None:
             return infos
         records = [(i - a, si, ri) for i, si, ri in eng.group_columns(self.workers[g], slot).as_records()]
-        return door._merge_infos(records, slot, False, _Infos(self.size), a)
+        return self.infos.merge(records, slot, False, a)
 
 
 def _timed_out(timeout) -> multiprocessing.TimeoutError:

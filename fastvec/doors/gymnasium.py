@@ -26,40 +26,13 @@ from . import _gym_infos
 from .base import EngineDoor
 from .batches import Batches, check_batch_size
 from .threads import TorchThreads
+from .vector_infos import VectorInfos, columns_to_vector_infos
 
 _MODES = {
     AutoresetMode.NEXT_STEP: "next_step",
     AutoresetMode.SAME_STEP: "same_step",
     AutoresetMode.DISABLED: "disabled",
 }
-
-
-def vector_dtype(kind, is_int: bool):
-    """The dtype gymnasium's vector infos give a column of ``kind`` values, or None when
-    it is the info table's own int64/float64."""
-    dtype = np.dtype(kind)
-    return None if dtype == np.dtype(np.int64 if is_int else np.float64) else dtype
-
-
-def columns_to_vector_infos(columns: dict, num_envs: int) -> dict:
-    """What gymnasium's ``VectorEnv._add_info`` builds from these infos, env by env: per
-    key an array of ``kind`` with the values, and a ``_key`` boolean mask."""
-    infos: dict = {}
-    everyone = None
-    for key, (kind, idx, values) in columns.items():
-        if idx is None:  # every env reported this key: values is an array of num_envs
-            if everyone is None:
-                everyone = np.ones(num_envs, dtype=np.bool_)
-            infos[key] = values.astype(kind, copy=False)
-            infos[f"_{key}"] = everyone.copy()
-            continue
-        array = np.zeros(num_envs, dtype=kind)
-        array[idx] = values
-        mask = np.zeros(num_envs, dtype=np.bool_)
-        mask[idx] = True
-        infos[key] = array
-        infos[f"_{key}"] = mask
-    return infos
 
 
 def _check_seed(seed, where: str):
@@ -125,7 +98,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
     num_workers : int, "auto" or None
         Worker processes (default ``min(num_envs, cores)``); which envs each runs is
         ``placement``'s choice. "auto": time the candidate layouts on these envs at
-        start-up (a few seconds; ``fastvec.tune``) and take the fastest for stepping back
+        start-up (a few seconds; ``fastvec.layout_choice``) and take the fastest for stepping back
         to back: the worker count and the placement (with ``batch_size``, the worker
         count for those batches). For a loop with a policy between steps,
         ``fastvec tune ENV --policy-us X`` times that loop.
@@ -286,10 +259,17 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
             env_fns = check_env_fns(env_fns)
             batch = check_batch_size(len(env_fns) if batch_size is None else batch_size, len(env_fns), batch_mode)
         if auto:  # time the candidate layouts on these envs (fastvec.tune)
-            from ..tune import resolve_auto
+            from ..layout_choice import resolve_auto
 
             layout = resolve_auto(
-                env_fns, placement, env_costs, batch, batch_mode, context=context, observation_mode=observation_mode
+                AsyncVectorEnv,
+                env_fns,
+                placement,
+                env_costs,
+                batch,
+                batch_mode,
+                context=context,
+                observation_mode=observation_mode,
             )
             workers, placement = layout.num_workers, layout.placement
         if batch is not None:
@@ -320,9 +300,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         )
         engine = self._make_engine(env_fns, options, workers, placement, env_costs)
         self._open_door(engine, copy, torch)
-        # The compiled builder's column spec (_cols), made once per info-table schema (_cols_for).
-        self._cols_for: list | None = None
-        self._cols: list[tuple[Any, str, bool, np.dtype | None, type]] = []
+        self._vector_infos = VectorInfos(engine, engine.num_envs)
         eng = engine
         self.env_fns = env_fns
         self.num_envs = eng.num_envs
@@ -438,7 +416,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         self._batches.active = False  # back to lock-step
         infos: dict[str, Any] = {}
         for i in targets:
-            infos = self._add_info(infos, env_infos[i], i)
+            infos = self._vector_infos.add(infos, env_infos[i], i)
         return self._observation(slot), infos
 
     def step_async(self, actions) -> None:
@@ -515,7 +493,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         if same_step and (ended := eng.terminated[slot] | eng.truncated[slot]).any():
             # Envs that ended with empty infos sent no record: their final_obs and
             # (empty) final_info still belong in the infos, in env order.
-            infos = self._merge_infos(with_quiet_ends(result.as_records(), ended), slot, True)
+            infos = self._vector_infos.merge(with_quiet_ends(result.as_records(), ended), slot, True)
         elif result.table is None and result.columns is None and not result.records:
             infos = {}  # no env reported anything (CartPole): the commonest step of all
         else:
@@ -533,40 +511,15 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         every env set every key, else from columns or records."""
         if result.table is not None:
             info_i, info_f, mask, schema = result.table
-            infos = _gym_infos.table_vector_infos(info_i, info_f, mask, result.slot, self._table_cols(schema))
+            infos = _gym_infos.table_vector_infos(
+                info_i, info_f, mask, result.slot, self._vector_infos.table_cols(schema)
+            )
             if infos is not None:
                 return infos
         columns, records = result.general()
         if columns is not None:
             return columns_to_vector_infos(columns, self.num_envs)
-        return self._merge_infos(records, result.slot, same_step)
-
-    def _table_cols(self, schema) -> list[tuple[Any, str, bool, np.dtype | None, type]]:
-        """The compiled builder's column spec for an info-table schema (made once per schema)."""
-        if self._cols_for is not schema:
-            self._cols = [(key, f"_{key}", is_int, vector_dtype(kind, is_int), kind) for key, kind, is_int in schema]
-            self._cols_for = schema
-        return self._cols
-
-    def _merge_infos(
-        self, records, slot: int, same_step: bool, into=None, first: int = 0, infos=None, offset: int = 0
-    ) -> dict[str, Any]:
-        """gymnasium's merge, env by env (nested infos, final observations). ``into``:
-        whose ``_add_info`` sizes the arrays (a batch's, whose env ``j`` in ``records``
-        is env ``first + j`` at position ``offset + j``, added to ``infos``); default
-        this vector env."""
-        eng = self._engine
-        add = (self if into is None else into)._add_info
-        infos = {} if infos is None else infos
-        for i, step_info, reset_info in records:
-            if same_step and reset_info is not None:
-                infos = add(
-                    infos, {"final_obs": eng.final_obs_of(slot, first + i), "final_info": step_info}, offset + i
-                )
-                infos = add(infos, reset_info, offset + i)
-            else:
-                infos = add(infos, step_info if step_info is not None else reset_info, offset + i)
-        return infos
+        return self._vector_infos.merge(records, result.slot, same_step)
 
     # -------------------------------------------------------------- env access
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:

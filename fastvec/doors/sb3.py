@@ -56,7 +56,7 @@ class SubprocVecEnv(EngineDoor, _Base):
     num_workers : int, "auto" or None
         Worker processes (default ``min(num_envs, cores)``); each runs a group of envs
         (``placement``), so ``num_envs`` may exceed the core count. "auto": the fastest
-        worker count and placement timed on these envs at start-up (``fastvec.tune``).
+        worker count and placement timed on these envs at start-up (``fastvec.layout_choice``).
     copy : bool, default True
         Return observations as fresh arrays. With ``copy=False`` they are read-only
         views into shared memory, valid until ``num_slots - 1`` further ``step``/``reset``
@@ -106,12 +106,13 @@ class SubprocVecEnv(EngineDoor, _Base):
         self.closed = True
         torch = TorchThreads(torch_threads)  # checked before any process starts
         self.waiting = False
-        if isinstance(num_workers, str):  # "auto": time the candidate layouts (fastvec.tune)
+        if isinstance(num_workers, str):  # "auto": time the candidate layouts (fastvec.layout_choice)
             if num_workers != "auto":
                 raise ValueError(f"num_workers must be a positive int, None or 'auto', got {num_workers!r}")
-            from ..tune import resolve_auto
+            from ..layout_choice import resolve_auto
+            from .gymnasium import AsyncVectorEnv  # times the layouts: the engine is the same
 
-            layout = resolve_auto(env_fns, placement, env_costs, context=start_method)
+            layout = resolve_auto(AsyncVectorEnv, env_fns, placement, env_costs, context=start_method)
             num_workers, placement = layout.num_workers, layout.placement
         options = EngineOptions(
             num_slots=num_slots,

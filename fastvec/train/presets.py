@@ -54,6 +54,8 @@ import functools
 
 import gymnasium as gym
 
+from ..env_ids import env_id_problem, is_atari
+
 __all__ = ["PRESETS", "preset_for", "env_factory", "check_env_id", "is_atari", "solve_threshold"]
 
 # CleanRL's MuJoCo settings on 8 envs x 256 steps (its 2,048-sample rollout).
@@ -195,28 +197,11 @@ ZOO_CARTPOLE = dict(
 )
 
 
-def is_atari(env_id: str) -> bool:
-    return env_id.startswith("ALE/")
-
-
-def _register_ale() -> bool:
-    try:
-        import ale_py
-    except ImportError:
-        return False
-    gym.register_envs(ale_py)
-    return True
-
-
 def check_env_id(env_id: str) -> None:
     """Raise ValueError with a one-line message if gymnasium does not know ``env_id``."""
-    if is_atari(env_id) and not _register_ale():
-        raise ValueError(f"{env_id} needs ale-py (pip install ale-py)")
-    try:
-        gym.spec(env_id)
-    except Exception as exc:  # gymnasium.error.NameNotFound / VersionNotFound / ...
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"unknown env id {env_id!r}: {msg}") from None
+    why = env_id_problem(env_id)
+    if why is not None:
+        raise ValueError(why)
 
 
 def preset_for(env_id: str, zoo: bool = False) -> dict:
@@ -231,6 +216,8 @@ def preset_for(env_id: str, zoo: bool = False) -> dict:
 
 
 def solve_threshold(env_id: str) -> float | None:
+    """The mean return that counts ``env_id`` as solved: its preset's ``solve_return``,
+    else gymnasium's ``reward_threshold``; None where neither says."""
     p = preset_for(env_id)
     if p.get("solve_return") is not None:
         return float(p["solve_return"])
