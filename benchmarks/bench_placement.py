@@ -114,8 +114,12 @@ def run_one(workload: str, candidate: str, policy: str, steps: int) -> dict:
         for _ in range(steps):
             obs = env.step(act(obs))[0]
         sps = steps * len(fns) / (time.perf_counter() - t0)
-        placement = [list(w) for w in env.placement.workers] if isinstance(env, fastvec.AsyncVectorEnv) else None
-        return {"sps": sps, "placement": placement}
+        placement = probe = None
+        if isinstance(env, fastvec.AsyncVectorEnv):
+            report = env.placement
+            placement = [list(w) for w in report.workers]
+            probe = None if report.probe_us is None else list(report.probe_us)
+        return {"sps": sps, "placement": placement, "probe_us": probe}
     finally:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -576,9 +576,15 @@ def test_placement_benchmark_measures_and_reports(tmp_path, capsys):
     runs = json.loads((out / "placement.json").read_text())["runs"]
     assert set(runs) == {"none/uneven/sync", "none/uneven/contiguous", "none/uneven/balanced"}
     assert runs["none/uneven/contiguous"][0]["placement"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    balanced = runs["none/uneven/balanced"][0]["placement"]
-    assert [sorted(i < 4 for i in w) for w in balanced] == [[False, False, True, True]] * 2
+    # The balanced run is placed by the costs its probe measured, and the report says
+    # which (what a probe measures on a loaded host is test_placement.py's question).
+    from fastvec._core.placement import balance
+
+    balanced = runs["none/uneven/balanced"][0]
+    expected = balance(np.asarray(balanced["probe_us"]), 2)
+    assert balanced["placement"] == [[int(i) for i in w] for w in expected]
     assert runs["none/uneven/sync"][0]["placement"] is None
+    assert all(run[0]["sps"] > 0 for run in runs.values())
     table = (out / "placement.md").read_text()
     assert "| none | uneven | balanced |" in table and "1.00 (1.00-1.00)" in table
 
