@@ -1,0 +1,169 @@
+#!/usr/bin/env python
+"""Two builds of the trainer side by side, interleaved: does a change keep its figures?
+
+    git worktree add /tmp/before <rev> && (cd /tmp/before && python setup.py build_ext --inplace)
+    python setup.py build_ext --inplace
+    python benchmarks/ab_trainer.py --before /tmp/before --after . --out benchmarks/results/ab_trainer
+
+The figures a user of ``fastvec train`` and ``fastvec bench`` sees, each run as the user
+runs it (the command line, torch's defaults), in a fresh process whose ``PYTHONPATH``
+is the build's source tree (cwd outside both trees):
+
+- ``fastvec train CartPole-v1 --seed S --stop-at-return 475``: the wall time to solve
+  (the result's ``wall_seconds``, start-up included), seeds 1-5;
+- ``fastvec train HalfCheetah-v5 --total-steps 300000 --seed S``, lock-step and with
+  ``--set pipeline=async``: steps/s and the final mean return, seeds 1-3;
+- ``fastvec bench CartPole-v1`` and ``fastvec bench HalfCheetah-v5`` (16 envs): the
+  ratio against SyncVectorEnv, median of the command's own 3 rounds, 3 runs each.
+
+Each item runs on both builds back to back, the order alternating from item to item,
+so both builds see the same minutes of the host. The table gives medians over the
+items with their ranges and the after/before ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CLI = "import sys; from fastvec.cli import main; sys.exit(main())"
+BENCH = (
+    "import json, statistics, sys; from fastvec.bench import build_parser, run; "
+    "a = build_parser().parse_args([sys.argv[1]]); "
+    "r = run(a.env_id, a.num_envs, a.steps, a.num_workers, a.repeats, a.seed); "
+    "print(json.dumps({'ratio': statistics.median(r['ratios'])}))"
+)
+QUIET = ["--no-progress", "--no-tensorboard", "--checkpoint-every", "0"]
+
+
+def items(cartpole_seeds: int, cheetah_seeds: int, bench_runs: int) -> list[tuple[str, list[str]]]:
+    """``(figure, argv after python)`` for each measurement."""
+    out = []
+    for s in range(1, cartpole_seeds + 1):
+        argv = ["train", "CartPole-v1", "--seed", str(s), "--stop-at-return", "475", *QUIET]
+        out.append(("CartPole-v1 to 475", ["-c", CLI, *argv]))
+    for s in range(1, cheetah_seeds + 1):
+        for name, extra in (("lock-step", []), ("async", ["--set", "pipeline=async"])):
+            argv = ["train", "HalfCheetah-v5", "--total-steps", "300000", "--seed", str(s), *extra, *QUIET]
+            out.append((f"HalfCheetah-v5 300k {name}", ["-c", CLI, *argv]))
+    for _ in range(bench_runs):
+        for env in ("CartPole-v1", "HalfCheetah-v5"):
+            out.append((f"fastvec bench {env} 16 envs", ["-c", BENCH, env]))
+    return out
+
+
+def run_one(build: str, argv: list[str], timeout: float) -> dict:
+    """The last JSON line a fresh process of ``build`` prints."""
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(build))
+    with tempfile.TemporaryDirectory() as work:
+        if argv[2:3] == ["train"]:
+            argv = [*argv, "--logdir", work]
+        proc = subprocess.run(
+            [sys.executable, *argv], env=env, cwd=work, capture_output=True, text=True, timeout=timeout
+        )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{argv[2:]} failed on {build} (exit {proc.returncode}): {proc.stderr[-1500:]}")
+    return json.loads(lines[-1])
+
+
+def figures(figure: str, res: dict) -> dict:
+    if figure.startswith("fastvec bench"):
+        return {"ratio": res["ratio"]}
+    if figure.startswith("CartPole"):
+        return {"wall_s": res["wall_seconds"], "env_steps": res["env_steps"], "solved": bool(res["solved"])}
+    return {"sps": res["sps"], "return": res["final_mean_return"], "wall_s": res["wall_seconds"]}
+
+
+def _cell(xs: list[float], fmt: str) -> str:
+    return f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
+
+
+def table(rows: list[dict]) -> list[str]:
+    out = [
+        "| figure | measure | before | after | after / before |",
+        "|---|---|---:|---:|---:|",
+    ]
+    order = list(dict.fromkeys(r["figure"] for r in rows))
+    for figure in order:
+        mine = [r for r in rows if r["figure"] == figure]
+        for key in [k for k in mine[0]["before"] if k != "solved"]:
+            b = [r["before"][key] for r in mine]
+            a = [r["after"][key] for r in mine]
+            fmt = ".2f" if key in ("ratio", "wall_s") else ",.0f"
+            ratio = statistics.median(a) / statistics.median(b)
+            out.append(f"| {figure} | {key} | {_cell(b, fmt)} | {_cell(a, fmt)} | {ratio:.3f} |")
+        if "solved" in mine[0]["before"]:
+            n = len(mine)
+            sb = sum(r["before"]["solved"] for r in mine)
+            sa = sum(r["after"]["solved"] for r in mine)
+            out.append(f"| {figure} | solved | {sb}/{n} | {sa}/{n} | |")
+    return out
+
+
+def _machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores, {platform.system()}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    p.add_argument("--before", required=True, help="source tree of the first build (built in place)")
+    p.add_argument("--after", required=True, help="source tree of the second build (built in place)")
+    p.add_argument("--cartpole-seeds", type=int, default=5)
+    p.add_argument("--cheetah-seeds", type=int, default=3)
+    p.add_argument("--bench-runs", type=int, default=3)
+    p.add_argument("--out", required=True, help="directory for ab_trainer.json and ab_trainer.md")
+    p.add_argument("--timeout", type=float, default=900.0)
+    args = p.parse_args(argv)
+    builds = {"before": args.before, "after": args.after}
+    t0 = time.perf_counter()
+    rows = []
+    for i, (figure, cmd) in enumerate(items(args.cartpole_seeds, args.cheetah_seeds, args.bench_runs)):
+        row: dict = {"figure": figure, "argv": cmd[2:], "first": "before" if i % 2 == 0 else "after"}
+        for name in ("before", "after") if i % 2 == 0 else ("after", "before"):
+            row[name] = figures(figure, run_one(builds[name], cmd, args.timeout))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    wall = time.perf_counter() - t0
+    os.makedirs(args.out, exist_ok=True)
+    meta = {
+        "before": os.path.abspath(args.before),
+        "after": os.path.abspath(args.after),
+        "machine": _machine(),
+        "wall_s": round(wall, 1),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    with open(os.path.join(args.out, "ab_trainer.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    lines = [
+        f"# The trainer before/after, interleaved ({len(rows)} items, {wall:.0f} s)",
+        "",
+        f"`benchmarks/ab_trainer.py --before {args.before} --after {args.after} --out {args.out}`; "
+        f"{meta['machine']}, {meta['date']}. Each item ran on both builds back to back, the order "
+        "alternating; medians over items, min-max in brackets. wall_s: the run's wall time "
+        "(start-up included); sps: env steps/s over the run; return: the final mean return of the "
+        "last episodes; ratio: `fastvec bench`'s fastvec.AsyncVectorEnv against SyncVectorEnv.",
+        "",
+        *table(rows),
+    ]
+    with open(os.path.join(args.out, "ab_trainer.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
