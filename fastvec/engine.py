@@ -321,14 +321,15 @@ class Engine(WorkerReplies, EngineBase):
         replaced worker counts from 0. ``lost`` (each side): sleeps that ended on the
         periodic look at the flags (every 100 ms) with what they waited for already
         there, the doorbell that should have woken them never rung; 0 unless
-        something is wrong."""
+        something is wrong. ``long`` (each side): waits forecast past the spin-through
+        (``forecast.pxd``), the only ones that may nap (one whose nap would end at once
+        is spun through all the same)."""
         if self._closed:
             raise ClosedError("this vector env is closed")
-        workers = [dict(zip(("naps", "sleeps", "lost"), self._ctl.worker_waits(w))) for w in range(self.num_workers)]
-        return {
-            "parent": {"naps": int(self._ctl.naps), "sleeps": int(self._ctl.sleeps), "lost": int(self._ctl.lost)},
-            "workers": workers,
-        }
+        keys = ("naps", "sleeps", "lost", "long")
+        workers = [dict(zip(keys, self._ctl.worker_waits(w))) for w in range(self.num_workers)]
+        ctl = self._ctl
+        return {"parent": dict(zip(keys, map(int, (ctl.naps, ctl.sleeps, ctl.lost, ctl.longs)))), "workers": workers}
 
     def placement_report(self) -> PlacementReport:
         """Which envs each worker runs and what they cost per step, measured in the

@@ -25,10 +25,10 @@ cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport EINTR, errno
 
-from fastvec._core.forecast cimport Forecast, fc_init, fc_nap_end, fc_nap_returned, fc_observe, fc_window
+from fastvec._core.forecast cimport Forecast, fc_init, fc_long, fc_nap_end, fc_nap_returned, fc_observe, fc_window
 from fastvec._core.framing cimport read_bounded, read_payload_bounded, recv_message, send_wake
 from fastvec._core.protocol cimport (
-    C_ARG, C_CMD, C_CMD_SEQ, C_DONE_SEQ, C_ISSUED_NS, C_LOST, C_NAPS, C_PUBLISHED_NS, C_REPLY, C_REPLY_ARG,
+    C_ARG, C_CMD, C_CMD_SEQ, C_DONE_SEQ, C_ISSUED_NS, C_LONG, C_LOST, C_NAPS, C_PUBLISHED_NS, C_REPLY, C_REPLY_ARG,
     C_REPLY_SLOT, C_SLEEPING, C_SLEEPS, C_SLOT, C_WAITED, CMD_STEP, CTL_COLS, HAS_PAYLOAD, HEADER_BYTES, IN_TABLE,
     M_ANY, M_SLEEPING, NO_PAYLOAD, REPLY_DONE, WAIT_DIED, WAIT_DONE, WAIT_GARBLED, WAIT_TIMEOUT, WAKE,
 )
@@ -37,7 +37,7 @@ from fastvec._core.sync cimport (
 )
 from fastvec._core.tuning cimport (
     FIRST_MAIN_SPIN_NS, LATE_RING_NS, MAIN_NAP_MARGIN_NS, MAIN_WINDOW_HI_NS, MAIN_WINDOW_LO_NS, MIN_NAP_NS,
-    RECHECK_NS,
+    RECHECK_NS, SPIN_THROUGH_NS, WINDOW_DEVS,
 )
 
 import numpy as np
@@ -53,6 +53,24 @@ cdef tuple ALL_DONE = (WAIT_DONE, -1)
 
 class DoorbellError(OSError):
     """A worker's doorbell could not be rung (its socket is gone)."""
+
+
+# The forecast's rule in numbers, for the tests: a wait forecast to end within
+# ``spin_through_ns`` (forecast + ``window_devs`` x its error) is spun through, no nap.
+FORECAST_RULE = {"spin_through_ns": SPIN_THROUGH_NS, "window_devs": WINDOW_DEVS}
+
+
+def forecast_of(waits_ns):
+    """The forecast (forecast.pxd) a side holds after waits of ``waits_ns`` nanoseconds,
+    learned in order: ``(expect_ns, dev_ns, long)``, ``long`` whether its next wait is
+    forecast past the spin-through (napped towards) or spun through from the start. The
+    tests check the rule on known waits with it; what the engine's own waits chose is
+    counted in ``Engine.wait_counts``."""
+    cdef Forecast f
+    fc_init(&f)
+    for w in waits_ns:
+        fc_observe(&f, <long long>w)
+    return int(f.expect), int(f.dev), bool(fc_long(&f))
 
 
 cdef class Controller:
@@ -72,8 +90,9 @@ cdef class Controller:
     cdef Forecast fc
     cdef long long t_issue  # when the step being waited for was issued (0: not a step)
     # How many waits for replies napped, and slept until a worker rang (diagnostics);
-    # ``lost``: sleeps that found every reply in without the doorbell (see RECHECK_NS).
-    cdef public long long naps, sleeps, lost
+    # ``lost``: sleeps that found every reply in without the doorbell (see RECHECK_NS);
+    # ``longs``: waits forecast past SPIN_THROUGH_NS (fc_long), the only ones that may nap.
+    cdef public long long naps, sleeps, lost, longs
 
     def __init__(self, object ctl_array, int[::1] fds, double spin_us):
         cdef cnp.ndarray arr = ctl_array
@@ -89,14 +108,16 @@ cdef class Controller:
         self.stash = [None] * self.n
         fc_init(&self.fc)
         self.t_issue = 0
-        self.naps = self.sleeps = self.lost = 0
+        self.naps = self.sleeps = self.lost = self.longs = 0
 
     def worker_waits(self, int w):
-        """``(naps, sleeps, lost)``: how many of worker w's waits for a command napped,
-        and slept until the parent's doorbell (the rest were spun through); ``lost``:
-        sleeps that found the command in without the doorbell (see RECHECK_NS)."""
+        """``(naps, sleeps, lost, long)``: how many of worker w's waits for a command
+        napped, and slept until the parent's doorbell (the rest were spun through);
+        ``lost``: sleeps that found the command in without the doorbell (see
+        RECHECK_NS); ``long``: waits forecast past SPIN_THROUGH_NS (only they may nap)."""
         cdef long long *r = self.row(w)
-        return int(fv_load(&r[C_NAPS])), int(fv_load(&r[C_SLEEPS])), int(fv_load(&r[C_LOST]))
+        return (int(fv_load(&r[C_NAPS])), int(fv_load(&r[C_SLEEPS])), int(fv_load(&r[C_LOST])),
+                int(fv_load(&r[C_LONG])))
 
     @property
     def forecast_us(self):
@@ -338,6 +359,8 @@ cdef class Controller:
         cdef long long nap_until = fc_nap_end(&self.fc, target, MAIN_NAP_MARGIN_NS)
         cdef long long now
         cdef bint busy
+        if fc_long(&self.fc):  # counted: only these may nap (Engine.wait_counts' `long`)
+            self.longs += 1
         if nap_until - t0 > MIN_NAP_NS:
             self.naps += 1
             # (a spare WAKE ends a nap early while workers are busy: nap on)

@@ -65,9 +65,15 @@ cdef inline long long fc_window(Forecast *f, long long lo, long long hi) noexcep
     return lo if w < lo else (hi if w > hi else w)
 
 
+cdef inline bint fc_long(Forecast *f) noexcept nogil:
+    """Whether the next wait is forecast past SPIN_THROUGH_NS (forecast + WINDOW_DEVS x
+    its error): napped towards, not spun through from the start."""
+    return f.expect + WINDOW_DEVS * f.dev > SPIN_THROUGH_NS
+
+
 cdef inline long long fc_nap_end(Forecast *f, long long target, long long margin) noexcept nogil:
     """When a nap towards ``target`` should end: early by how late naps return, the
     margin and the widened error; 0 (no nap) for a short forecast, which is spun through."""
-    if f.expect + WINDOW_DEVS * f.dev <= SPIN_THROUGH_NS:
+    if not fc_long(f):
         return 0
     return target - f.late - margin - WINDOW_DEVS * f.dev

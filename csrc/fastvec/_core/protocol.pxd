@@ -57,6 +57,7 @@ cdef enum:
     C_ARG = 3
     C_WAITED = 4    # the parent waits for this worker's reply
     C_ISSUED_NS = 5  # when the command was issued
+    C_LONG = 6      # the worker's waits forecast long (to nap towards; Engine.wait_counts)
     C_LOST = 7      # the worker's waits that found a command without its doorbell (rare)
     # the worker's line
     C_DONE_SEQ = 8  # == C_CMD_SEQ once the worker answered

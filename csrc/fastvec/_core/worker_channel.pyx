@@ -6,10 +6,10 @@ cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport EINTR, errno
 
-from fastvec._core.forecast cimport fc_init, fc_nap_end, fc_nap_returned, fc_observe, fc_window
+from fastvec._core.forecast cimport fc_init, fc_long, fc_nap_end, fc_nap_returned, fc_observe, fc_window
 from fastvec._core.framing cimport read_all, read_header_skip_wake, send_wake
 from fastvec._core.protocol cimport (
-    C_ARG, C_CMD, C_CMD_SEQ, C_DONE_SEQ, C_ISSUED_NS, C_LOST, C_NAPS, C_PUBLISHED_NS, C_REPLY, C_REPLY_ARG,
+    C_ARG, C_CMD, C_CMD_SEQ, C_DONE_SEQ, C_ISSUED_NS, C_LONG, C_LOST, C_NAPS, C_PUBLISHED_NS, C_REPLY, C_REPLY_ARG,
     C_REPLY_SLOT, C_SLEEPING, C_SLEEPS, C_SLOT, C_WAITED, CMD_STEP, CTL_COLS, HAS_PAYLOAD, HEADER_BYTES, M_ANY,
     M_SLEEPING, NO_PAYLOAD, WAKE,
 )
@@ -48,6 +48,7 @@ cdef class WorkerChannel:
         fc_init(&self.fc)
         self.t_pub = 0
         self.ctl[C_NAPS] = 0
+        self.ctl[C_LONG] = 0
         self.ctl[C_SLEEPS] = 0
         self.ctl[C_LOST] = 0
         if self.adaptive:
@@ -116,6 +117,8 @@ cdef class WorkerChannel:
             return now + self.spin_ns
         target = self.t_pub + self.fc.expect
         nap_until = fc_nap_end(&self.fc, target, WORKER_NAP_MARGIN_NS)
+        if fc_long(&self.fc):  # counted: only these may nap (Engine.wait_counts' `long`)
+            fv_store(&self.ctl[C_LONG], self.ctl[C_LONG] + 1)
         if nap_until - now > MIN_NAP_NS:
             self._nap(nap_until)
             now = fv_now_ns()
