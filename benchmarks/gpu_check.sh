@@ -12,6 +12,9 @@
 #    fraction sampled by nvidia-smi every 200 ms while each trains, beside the trainer's
 #    own figure (lock-step: CUDA events, `device_busy_fraction`; async: the learner
 #    process's busy fraction; the seeds' figure for a decoupled learner is 85%);
+# 4. data-parallel ranks, one per GPU of the machine (`--nproc G`, 16 envs each, 100k env
+#    steps per rank): env steps/s against the one-rank lock-step row (scaling, goal near G)
+#    and each GPU's busy fraction (nvidia-smi); on a one-GPU machine, not run;
 # and writes OUT_DIR/gpu_check.md.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -63,6 +66,33 @@ IFS='|' read -r lock_sps lock_ratio lock_smi lock_own lock_s <<< "$(train_row lo
 IFS='|' read -r grp_sps grp_ratio grp_smi grp_own grp_s <<< "$(train_row groups env_groups=2)"
 IFS='|' read -r asy_sps asy_ratio asy_smi asy_own asy_s <<< "$(train_row async pipeline=async)"
 
+# 4. data-parallel: every GPU a rank
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+dp_row="n/a (one GPU: nothing to scale over)"
+if [ "$ngpu" -gt 1 ]; then
+  nvidia-smi --query-gpu=index,utilization.gpu --format=csv,noheader,nounits -lms 200 > "$out/util-ranks.txt" 2>/dev/null &
+  smi=$! t0=$(date +%s)
+  res=$(timeout 180 $py -m fastvec train ALE/Pong-v5 --device cuda --nproc "$ngpu" --num-envs $((16 * ngpu)) \
+        --total-steps $((100000 * ngpu)) --no-progress --checkpoint-every 0 --logdir "$out/pong-ranks" \
+        2>"$out/train-ranks.stderr" | tail -1)
+  secs=$(( $(date +%s) - t0 ))
+  kill "$smi" 2>/dev/null
+  dp_row=$(echo "$res" | $py -c "
+import collections, json, sys
+busy = collections.defaultdict(list)
+for line in open('$out/util-ranks.txt'):
+    i, _, u = line.partition(',')
+    if u.strip().isdigit():
+        busy[int(i)].append(float(u))
+per = ' '.join(f'GPU{i} {sum(v) / len(v):.0f}%' for i, v in sorted(busy.items()))
+try:
+    r = json.loads(sys.stdin.read())
+    scale = f'{r[\"sps\"] / float(\"$lock_sps\"):.2f}x' if '$lock_sps'.replace('.', '', 1).isdigit() else 'n/a'
+    print(f'{r[\"sps\"]} env steps/s, {scale} the one-rank row ($ngpu GPUs, ${secs} s); busy {per}')
+except Exception:
+    print('failed (see train-ranks.stderr); busy ' + per)")
+fi
+
 {
   echo "# GPU check ($(date -u +%Y-%m-%d), $gpu)"
   echo
@@ -81,4 +111,5 @@ IFS='|' read -r asy_sps asy_ratio asy_smi asy_own asy_s <<< "$(train_row async p
   echo "| same with the async pipeline (\`--set pipeline=async\`, ${asy_s} s), env steps/s | $asy_sps |"
   echo "| training / random actions, async | $asy_ratio |"
   echo "| GPU busy, async (goal >= 85%): nvidia-smi / the learner's | $asy_smi / $asy_own |"
+  echo "| data-parallel, \`--nproc\` = GPUs, 16 envs a rank: speed, scaling against one rank, GPU busy per rank | $dp_row |"
 } | tee "$md"

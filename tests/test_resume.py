@@ -459,6 +459,21 @@ def test_kill_9_then_resume_counts_every_step_once(tmp_path):
     assert steps == sorted(set(steps))
 
 
+def test_resuming_a_finished_run_logs_no_second_row_at_its_last_step(tmp_path):
+    """What the kill -9 test meets when the run ends before the kill (a loaded host): the
+    resumed run has nothing left to do, and metrics.jsonl keeps one row per step."""
+    run = tmp_path / "run"
+    cmd = _train_cmd(run, "--total-steps", "1024", "--set", "stop_at_return=1e9", "--no-tensorboard")
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_child_env(), cwd=str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    again = [sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress", "--no-tensorboard"]
+    out = subprocess.run(again, capture_output=True, text=True, timeout=120, env=_child_env(), cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["env_steps"] == 1024
+    steps = [json.loads(line)["env_steps"] for line in open(run / "metrics.jsonl")]
+    assert steps == sorted(set(steps)) and steps[-1] == 1024
+
+
 KILL_DURING_WRITE = r"""
 import os, sys, time
 import fastvec.train.checkpoints as C

@@ -129,7 +129,16 @@ def _file_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _backend_flags(p: argparse.ArgumentParser) -> None:
-    """Where the envs run."""
+    """Where the envs run, and on how many learners."""
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="data-parallel ranks on this machine, each with its share of num_envs and a replica of the "
+        "policy, gradients summed over them (gloo on the CPU, NCCL on one CUDA device each; default 1; "
+        "under torchrun: its WORLD_SIZE)",
+    )
     p.add_argument(
         "--backend",
         choices=["engine", "ray"],
@@ -266,19 +275,25 @@ def _train(argv) -> int:
 
     try:
         resume, cfg = _train_config(args)
+        nproc = _nproc(args, cfg, resume)
     except (ConfigError, ValueError) as exc:
         return _fail("train", exc, 2)
     if args.list_keys:
         print(json.dumps(cfg.to_dict(), indent=1))
         return 0
     note = schedule_note(cfg)
-    if note:
+    if note and os.environ.get("RANK", "0") == "0":
         print(f"fastvec train: note: {note}", file=sys.stderr, flush=True)
-    import torch  # noqa: F401  (imported before the clock starts)
-
     from .monitor import default_run_dir
+    from .ranks import launched_world
 
     run_dir = args.resume or args.logdir or default_run_dir(args.env_id, cfg.seed)
+    if nproc > 1 and launched_world() == 1:  # this process starts the ranks and watches them
+        from .launch_ranks import rank_argv, run_ranks
+
+        return run_ranks(rank_argv(argv, None if args.resume else run_dir), nproc)
+    import torch  # noqa: F401  (imported before the clock starts)
+
     init = None
     if args.init_from:
         from .checkpoints import load_checkpoint
@@ -290,6 +305,31 @@ def _train(argv) -> int:
         except ValueError as exc:
             return _fail("train", exc, 2)
     return _train_run(args, cfg, run_dir, init, resume)
+
+
+def _nproc(args, cfg, resume) -> int:
+    """The run's ranks (``--nproc``, or the launcher's ``WORLD_SIZE``); ValueError where
+    they cannot serve the run, before any process starts."""
+    from .ranks import check_world, launched_world
+    from .runtime import resolve_device
+
+    launched = launched_world()
+    world = launched if args.nproc is None else args.nproc
+    if args.nproc is not None and args.nproc < 1:
+        raise ValueError(f"--nproc must be a positive integer, got {args.nproc}")
+    if launched > 1 and world != launched:
+        raise ValueError(f"--nproc {world} differs from the launcher's WORLD_SIZE={launched}: give one of them")
+    check_world(cfg, world, backend=args.backend, mix=args.mix, resume=None if resume is None else resume[1])
+    if world > 1 and resolve_device(cfg.device).type == "cuda":
+        import torch
+
+        local = world if launched == 1 else int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        if local > torch.cuda.device_count():
+            raise ValueError(
+                f"{local} ranks on this machine need a CUDA device each; it has {torch.cuda.device_count()} "
+                "(--device cpu trains on gloo)"
+            )
+    return world
 
 
 def _train_config(args):
@@ -332,6 +372,7 @@ def _train_run(args, cfg, run_dir: str, init, resume) -> int:
     """The run, stopped at a safe point by Ctrl-C or SIGTERM; its JSON line and exit code."""
     from ..errors import WorkerError
     from .config import ConfigError
+    from .ranks import OTHER_RANK_FAILED, RankError
     from .signals import StopOnSignal
 
     stop = StopOnSignal()
@@ -355,12 +396,16 @@ def _train_run(args, cfg, run_dir: str, init, resume) -> int:
         return _fail("train", exc, 1)
     except ConfigError as exc:
         return _fail("train", exc, 2)
+    except RankError as exc:  # another rank failed first: the launcher names that one
+        _fail("train", exc, 1)
+        return OTHER_RANK_FAILED
     except KeyboardInterrupt:
         print("fastvec train: interrupted", file=sys.stderr)
         return 128 + (stop.last or signal.SIGINT)
     except Exception as exc:  # env failures (WorkerError), spaces the policy cannot handle
         return _fail("train", exc, 1)
-    print(json.dumps(result), flush=True)
+    if os.environ.get("RANK", "0") == "0":  # a data-parallel run's line is rank 0's
+        print(json.dumps(result), flush=True)
     return 128 + stop.signum if result.get("interrupted") else 0
 
 
@@ -421,6 +466,8 @@ def _fail(cmd: str, exc: BaseException, code: int) -> int:
     if os.environ.get("FASTVEC_DEBUG"):
         raise exc
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "1") and not msg.startswith("rank "):
+        msg = f"rank {os.environ.get('RANK')}: {msg}"
     if code == 1:
         msg = f"{type(exc).__name__}: {msg}"
         if getattr(exc, "resume_from", None):

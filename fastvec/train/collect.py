@@ -20,6 +20,7 @@ import time
 import torch
 
 from .busy import DeviceBusy
+from .ranks import SOLO, Ranks
 from .rollout import Rollout
 from .runtime import Threads
 
@@ -34,8 +35,9 @@ class Collector:
     acted). ``t_act`` / ``t_env``: seconds acting and waiting for the envs, summed over
     the run; ``last_act_latency`` / ``last_env_latency``: per step, in the last rollout."""
 
-    def __init__(self, policy, busy: DeviceBusy, threads: Threads):
-        self.policy, self.busy, self.threads = policy, busy, threads
+    def __init__(self, policy, busy: DeviceBusy, threads: Threads, ranks: Ranks = SOLO):
+        self.policy, self.busy, self.threads, self.ranks = policy, busy, threads, ranks
+        self._run_noise: torch.Tensor | None = None  # with several ranks: the whole run's draw
         self.between_steps = None
         self.t_act = self.t_env = 0.0
         self.last_act_latency = self.last_env_latency = 0.0
@@ -45,7 +47,7 @@ class Collector:
         self.threads.use(self.threads.act)
         views = rollout.steps_by_group()
         with torch.inference_mode():
-            self.policy.dist.sample_noise(rollout.noise)
+            self._draw_noise(rollout.noise)
             if views is not None:
                 t_act, t_env = self._by_groups(rollout, views)
             else:
@@ -55,6 +57,19 @@ class Collector:
         self.t_env += t_env
         self.last_env_latency = t_env / rollout.T
         self.last_act_latency = t_act / rollout.T
+
+    def _draw_noise(self, noise: torch.Tensor) -> None:
+        """The rollout's sampling noise; with several ranks, this rank's envs' share of
+        the whole run's draw (``fastvec.train.ranks``: the same actions as on one rank)."""
+        sample_noise, ranks = self.policy.dist.sample_noise, self.ranks
+        if ranks.solo:
+            sample_noise(noise)
+            return
+        T, N = noise.shape[:2]
+        shape = (T, N * ranks.world, *noise.shape[2:])
+        if self._run_noise is None or self._run_noise.shape != shape:
+            self._run_noise = torch.empty(shape, dtype=noise.dtype, device=noise.device)
+        noise.copy_(sample_noise(self._run_noise)[:, ranks.rank * N : (ranks.rank + 1) * N])
 
     def _lockstep(self, rollout: Rollout) -> tuple[float, float]:
         """Act on step t's observations, then step every env. With separate device

@@ -16,6 +16,8 @@ import math
 import torch
 import torch.nn as nn
 
+from .ranks import SOLO, Ranks, moments
+
 __all__ = ["ACTIVATIONS", "RunningNorm", "NatureCNN", "mlp_encoder", "orthogonal"]
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -44,12 +46,14 @@ class RunningNorm(nn.Module):
         self.register_buffer("_scale", torch.ones(dim))
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
+    def update(self, x: torch.Tensor, ranks: Ranks = SOLO) -> None:
+        """Merge the batch ``x`` (of every rank's, ``ranks``) into the running statistics."""
         x = x.reshape(-1, self.mean.numel()).to(torch.float64)
-        n = x.shape[0]
+        if x.shape[0] == 0 and ranks.solo:
+            return
+        b_mean, b_var, n = moments(x, ranks)
         if n == 0:
             return
-        b_mean, b_var = x.mean(0), x.var(0, unbiased=False)
         delta = b_mean - self.mean
         tot = self.count + n
         new_mean = self.mean + delta * n / tot

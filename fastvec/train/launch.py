@@ -10,9 +10,11 @@ interpreter early, the monitor and the envs, and hands them to
 
 from __future__ import annotations
 
+import os
 import time
 
 from .config import ConfigError, PPOConfig
+from .ranks import check_world, launched_world, ranks_from_environment
 
 __all__ = ["run_training", "build_storage", "check_backend", "main_spin_for"]
 
@@ -49,6 +51,7 @@ def build_storage(
     ray_address: str | None = None,
     ray_actors: int | None = None,
     pin: bool = False,
+    ranks=None,
 ):
     """The rollout storage ``fastvec.train.run.train`` runs on (``num_slots =
     n_steps + 1``, same-step autoreset): ``venv`` wrapped (its owner closes it), else
@@ -57,7 +60,8 @@ def build_storage(
     instance on 127.0.0.1; ``ray_actors`` actors, default one per node;
     ``cfg.num_workers`` worker processes per actor). ``mix``: a resolved mix of envs
     (``fastvec.train.mix``) instead of ``env_id`` with ``env_kwargs``; on the engine it is
-    placed by cost unless ``cfg.placement`` says otherwise."""
+    placed by cost unless ``cfg.placement`` says otherwise. ``ranks``: this rank's share
+    of the envs only (``fastvec.train.ranks``), on workers of its own."""
     from .mix import mix_factories
     from .presets import env_factory
     from .ring import ring_slots
@@ -75,6 +79,8 @@ def build_storage(
     fns = mix_factories(mix) if mix is not None else [env_factory(env_id, env_kwargs)] * cfg.num_envs
     if len(fns) != cfg.num_envs:
         raise ConfigError(f"the mix holds {len(fns)} envs, but num_envs={cfg.num_envs}")
+    if ranks is not None and not ranks.solo:
+        fns = fns[ranks.share(cfg.num_envs)]
     if backend == "ray":
         from ..ray import RayEngine
 
@@ -90,10 +96,10 @@ def build_storage(
             step_timeout=cfg.step_timeout,
         )
         return RayEngineStorage(engine)
-    return _engine_storage(cfg, fns, mix, slots)
+    return _engine_storage(cfg, fns, mix, slots, 1 if ranks is None else ranks.local_world)
 
 
-def _engine_storage(cfg, fns, mix, slots: int):
+def _engine_storage(cfg, fns, mix, slots: int, local_ranks: int = 1):
     """``fns`` on this machine's engine, its workers split into ``env_groups``."""
     from ..engine import Engine, batch_workers
     from ..options import available_cores, default_num_workers
@@ -101,14 +107,17 @@ def _engine_storage(cfg, fns, mix, slots: int):
     from .storage import EngineStorage
 
     tr = cfg.transport
-    workers = cfg.num_workers
+    workers, num_envs = cfg.num_workers, len(fns)
+    cores = max(1, available_cores() // local_ranks)  # ranks on this machine share its cores
+    if workers is None and local_ranks > 1:
+        workers = min(num_envs, cores)
     if tr.env_groups > 1:
         try:
-            workers = batch_workers(workers, cfg.num_envs, cfg.num_envs // tr.env_groups, available_cores())
+            workers = batch_workers(workers, num_envs, num_envs // tr.env_groups, cores)
         except ValueError:
             raise ConfigError(
                 f"num_workers={workers} must be a multiple of env_groups={tr.env_groups} whose "
-                f"share per group divides {cfg.num_envs // tr.env_groups} (the envs of a group): "
+                f"share per group divides {num_envs // tr.env_groups} (the envs of a group): "
                 "each group steps on workers of its own, with as many envs each"
             ) from None
     placement = tr.placement or ("balanced" if is_mix(mix) and tr.env_groups == 1 else "contiguous")
@@ -123,7 +132,7 @@ def _engine_storage(cfg, fns, mix, slots: int):
         spin_us=tr.spin_us,
         restart_on_error=cfg.restart_on_error,
         step_timeout=cfg.step_timeout,
-        main_spin_us=main_spin_for(cfg, workers or default_num_workers(cfg.num_envs), available_cores()),
+        main_spin_us=main_spin_for(cfg, workers or default_num_workers(num_envs), cores),
     )
     return EngineStorage(engine, groups=tr.env_groups)
 
@@ -229,6 +238,7 @@ def run_training(
     cfg = (config or PPOConfig()).validate()
     device = resolve_device(cfg.device)
     env_kwargs, mix = _check_envs(cfg, env_id, venv, env_kwargs, mix, backend, ray_address, ray_actors)
+    check_world(cfg, launched_world(), venv=venv, backend=backend, mix=mix, resume=resumed)
     ckpt = None
     if init_from is not None:
         ckpt = load_checkpoint(init_from) if isinstance(init_from, str) else init_from
@@ -236,51 +246,63 @@ def run_training(
             raise ValueError(f"checkpoint was trained on {ckpt['env_id']}, not {env_id}")
     storage_args = dict(venv=venv, env_kwargs=env_kwargs, mix=mix, backend=backend)
     storage_args.update(ray_address=ray_address, ray_actors=ray_actors, pin=device.type == "cuda")
+    if launched_world() > 1 and int(os.environ.get("RANK", "0")):  # rank 0 writes the files and shows the progress
+        run_dir, tensorboard, progress = None, False, False
     return _start(env_id, cfg, run_dir, tensorboard, resume_step, storage_args, ckpt, resumed, stop, progress, save)
 
 
 def _start(env_id, cfg, run_dir, tensorboard, resume_step, storage_args, ckpt, resume, stop, progress, save) -> dict:
-    """The learner's interpreter (async), the monitor and the envs, in that order; then
-    the run. Whatever started is closed again if a later start fails."""
+    """The learner's interpreter (async), the data-parallel group (where a launcher set
+    one up; after the learner's fork, which joins a group of its own), the monitor and the
+    envs, in that order; then the run. Whatever started is closed again if a later start fails."""
     import numpy as np
     import torch
 
     from .learner_process import LearnerProcess
     from .monitor import Monitor
     from .run import train
-    from .runtime import warm_up_torch
+    from .runtime import resolve_device, warm_up_torch
 
     learner = LearnerProcess() if cfg.pipeline == "async" else None  # its interpreter starts while the envs do
+    ranks = None
     try:
+        ranks = ranks_from_environment(resolve_device(cfg.device))
         monitor = Monitor(run_dir or None, tensorboard=tensorboard, resume_step=resume_step)
     except BaseException:
         if learner is not None:
             learner.close()
+        if ranks is not None:
+            ranks.close()
         raise
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     warm_up_torch()
     t_start = time.perf_counter()  # the clock starts here: env start-up is part of the wall time
     try:
-        storage = build_storage(env_id, cfg, **storage_args)
+        storage = build_storage(env_id, cfg, ranks=ranks, **storage_args)
     except BaseException:
         if learner is not None:
             learner.close()
         monitor.close()
+        ranks.close()
         raise
     env_kwargs, mix = storage_args["env_kwargs"], storage_args["mix"]
-    return train(
-        cfg,
-        storage,
-        monitor,
-        env_id=env_id,
-        env_kwargs=env_kwargs,
-        mix=mix,
-        init=ckpt,
-        resume=resume,
-        stop=stop,
-        progress=progress,
-        save=save,
-        t_start=t_start,
-        learner=learner,
-    )
+    try:
+        return train(
+            cfg,
+            storage,
+            monitor,
+            env_id=env_id,
+            env_kwargs=env_kwargs,
+            mix=mix,
+            init=ckpt,
+            resume=resume,
+            stop=stop,
+            progress=progress,
+            save=save,
+            t_start=t_start,
+            learner=learner,
+            ranks=ranks,
+        )
+    finally:
+        ranks.close()

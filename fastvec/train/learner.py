@@ -27,6 +27,7 @@ from .._core.layout import SegmentPlan
 from .._core.shm import attach_segment
 from .config import PPOConfig
 from .handoff import Handoff, merge_state, published_tensors
+from .ranks import RankError, join
 from .ring import RingSection
 from .rollout import Rollout
 from .wire import POLL_S, dumps, learner_command
@@ -72,10 +73,11 @@ def main(fd: int, forked: bool = False) -> None:
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         try:
-            conn.send_bytes(dumps(("error", f"the learner failed: {text}")))
+            because = ("rank",) if isinstance(exc, RankError) else ()  # (another rank's learner is gone)
+            conn.send_bytes(dumps(("error", f"the learner failed: {text}", *because)))
         except OSError:
             pass
-        _say(f"fastvec learner: {traceback.format_exc()}")
+        _say(f"fastvec learner: {text}" if isinstance(exc, RankError) else f"fastvec learner: {traceback.format_exc()}")
         sys.exit(1)
     finally:
         if learner is not None:
@@ -141,8 +143,9 @@ class _Learner:
         )
         T = cfg.n_steps
         self.sections = [RingSection(full, k, T) for k in range(cfg.rollout_buffers)]
+        self.ranks = join(spec.get("ranks"))  # with several ranks: the group of their learners
         device = resolve_device(spec["device"])
-        self.ppo = ppo = PPO(cfg, self.sections[0], device, separate_buffers=spec["separate_buffers"])
+        self.ppo = ppo = PPO(cfg, self.sections[0], device, separate_buffers=spec["separate_buffers"], ranks=self.ranks)
         ppo.policy.load_state_dict(spec["policy"])  # the collector's weights, copied into the flat views
         self.pin = None
         if device.type == "cuda":  # page-locked once: the rollouts' copies to the GPU are asynchronous
@@ -205,7 +208,7 @@ class _Learner:
     def checkpoint_on_orphan(self) -> None:
         """The collector died: keep this safe point in the run directory and say so."""
         run_dir, env_id, env_kwargs, mix = self.spec["checkpoint"]
-        if not run_dir or self.snapshot is None:
+        if not run_dir or self.snapshot is None or not self.ranks.solo:  # (ranks: the periodic one stays)
             return
         from .checkpoints import save_checkpoint
 
@@ -219,6 +222,7 @@ class _Learner:
         )
 
     def release(self) -> None:
+        self.ranks.close()
         if self.pin is not None:
             self.pin.release()
         self.ppo.busy.close()

@@ -16,13 +16,20 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from .ranks import RankError
 from .wire import POLL_S, dumps, ignore_sigint, learner_command, learner_env, restore_sigint
 
-__all__ = ["LearnerError", "LearnerProcess", "LearnerLink"]
+__all__ = ["LearnerError", "LearnerProcess", "LearnerLink", "learner_error"]
 
 
 class LearnerError(RuntimeError):
     """The async pipeline's learner process raised or died."""
+
+
+def learner_error(msg: tuple) -> Exception:
+    """The error an ``("error", text[, "rank"])`` message from the learner stands for: a
+    ``RankError`` where it failed because another rank's learner is gone."""
+    return RankError(msg[1]) if msg[2:] == ("rank",) else LearnerError(msg[1])
 
 
 class LearnerProcess:
@@ -140,7 +147,7 @@ class LearnerLink:
         try:
             self.conn.send_bytes(dumps(msg))
         except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
-            raise LearnerError(self.death()) from None
+            raise self.failure() from None
 
     def pending(self) -> bool:
         """A message waits (``receive`` will not block)."""
@@ -153,19 +160,24 @@ class LearnerLink:
                 if self.conn.poll(POLL_S):
                     return pickle.loads(self.conn.recv_bytes())
             except (EOFError, ConnectionResetError, OSError):
-                raise LearnerError(self.death()) from None
+                raise self.failure() from None
             if self.proc.poll() is not None:
-                raise LearnerError(self.death())
+                raise self.failure()
 
-    def death(self) -> str:
-        """Why the learner is gone: its error message where it sent one before exiting."""
+    def failure(self) -> Exception:
+        """Why the learner is gone, as the error to raise: its own where it sent one before
+        exiting (``learner_error``), else how it died."""
         try:
             while self.conn.poll(0):
                 msg = pickle.loads(self.conn.recv_bytes())
                 if msg[0] == "error":
-                    return msg[1]
+                    return learner_error(msg)
         except (EOFError, OSError):
             pass
+        return LearnerError(self.death())
+
+    def death(self) -> str:
+        """How the learner process ended."""
         try:
             code = self.proc.wait(1.0)
         except subprocess.TimeoutExpired:

@@ -93,9 +93,10 @@ def _jsonable(v):
     return v
 
 
-def _truncate_jsonl(path: str, last_step: int) -> None:
-    """Keep the rows of ``path`` up to env step ``last_step`` (and no torn last line)."""
-    keep = []
+def _truncate_jsonl(path: str, last_step: int) -> int | None:
+    """Keep the rows of ``path`` up to env step ``last_step`` (and no torn last line);
+    the step of the last row kept (None: none)."""
+    keep, kept = [], None
     with open(path) as f:
         for line in f:
             try:
@@ -104,10 +105,12 @@ def _truncate_jsonl(path: str, last_step: int) -> None:
                 continue  # a line cut short by a kill
             if row.get("env_steps", 0) <= last_step:
                 keep.append(line if line.endswith("\n") else line + "\n")
+                kept = row.get("env_steps", 0)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.writelines(keep)
     os.replace(tmp, path)
+    return kept
 
 
 class Monitor:
@@ -128,7 +131,8 @@ class Monitor:
         os.makedirs(run_dir, exist_ok=True)
         path = os.path.join(run_dir, "metrics.jsonl")
         if resume_step is not None and os.path.exists(path):
-            _truncate_jsonl(path, resume_step)
+            # (a run resumed from its last step logs no second row there)
+            self.last_step = _truncate_jsonl(path, resume_step)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 

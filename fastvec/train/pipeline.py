@@ -51,7 +51,8 @@ import torch
 from .._core.shm import create_segment, release_segment
 from .config import PPOConfig
 from .handoff import Handoff, collector_part, merge_state, plan_handoff, published_tensors, without_moments
-from .learner_process import LearnerError, LearnerLink, LearnerProcess
+from .learner_process import LearnerError, LearnerLink, LearnerProcess, learner_error
+from .ranks import learners_spec
 from .ring import RingSection
 from .rollout import Rollout
 from .schedule import Saved
@@ -137,6 +138,7 @@ class Pipeline:
             "separate_buffers": self.learner_separate_buffers,
             "checkpoint": (os.path.abspath(checkpoint_info[0]) if checkpoint_info[0] else None, *checkpoint_info[1:]),
             "parent": os.getpid(),
+            "ranks": learners_spec(ppo.ranks),  # the ranks' learners sum their gradients among themselves
         }
         # the starting weights, published before the learner exists (it never writes them)
         self.handoff.publish(self.published, ppo)
@@ -208,7 +210,7 @@ class Pipeline:
     def _handle(self, msg) -> None:
         kind = msg[0]
         if kind == "error":
-            raise LearnerError(msg[1])
+            raise learner_error(msg)
         if kind == "ready" and not self.ready:
             self.ready = True
             return

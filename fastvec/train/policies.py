@@ -36,6 +36,7 @@ from .acting import ActingPath, build_acting_path, vector_input
 from .cores import IdentityCore
 from .distributions import GaussianDist, make_dist
 from .encoders import ACTIVATIONS, NatureCNN, RunningNorm, mlp_encoder, orthogonal
+from .ranks import SOLO, Ranks
 
 __all__ = ["ActorCritic", "Body", "make_policy", "is_image_space", "describe_policy", "ACTIVATIONS"]
 
@@ -169,9 +170,9 @@ class ActorCritic(nn.Module):
             return x.float().mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.float()
         return vector_input(obs, self.obs_dim, self.obs_start if self.one_hot else None, self.obs_norm)
 
-    def update_obs_norm(self, obs: torch.Tensor) -> None:
+    def update_obs_norm(self, obs: torch.Tensor, ranks: Ranks = SOLO) -> None:
         if self.obs_norm is not None:
-            self.obs_norm.update(obs.reshape(-1, self.obs_dim))
+            self.obs_norm.update(obs.reshape(-1, self.obs_dim), ranks)
 
     # -------------------------------------------------------------- forward pieces
     def features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,7 @@ from .config import PPOConfig
 from .monitor import thin
 from .optim import flatten_parameters
 from .policies import ActorCritic, is_image_space, make_policy
+from .ranks import SOLO, Ranks
 from .rollout import Rollout
 from .runtime import Threads, rng_state, set_rng_state
 from .statistics import EpisodeTracker, RewardScaler
@@ -84,8 +85,9 @@ class PPO:
         policy: ActorCritic | None = None,
         *,
         separate_buffers: bool | None = None,
+        ranks: Ranks = SOLO,
     ):
-        self.cfg, self.storage, self.device = cfg, storage, device
+        self.cfg, self.storage, self.device, self.ranks = cfg, storage, device, ranks
         obs_space, act_space = storage.single_observation_space, storage.single_action_space
         self.threads = Threads(cfg, is_image_space(obs_space), storage.num_workers or 0)
         # Threads first: results (even the initial weights) depend on the thread count.
@@ -102,15 +104,19 @@ class PPO:
         )
         self.policy.to(device)
         self.flat_param, self.flat_grad = flatten_parameters(self.policy)
+        if not ranks.solo:  # the replicas start equal (seeded alike; this makes sure)
+            ranks.sum_(self.flat_param.data.mul_(float(ranks.rank == 0)))
         self.T, self.N = cfg.n_steps, storage.num_envs
         busy = self._busy = DeviceBusy(device)
-        self.updater = Updater(cfg, self.policy, self.flat_param, self.flat_grad, self.T * self.N, busy, self.threads)
+        self.updater = Updater(
+            cfg, self.policy, self.flat_param, self.flat_grad, self.T * self.N, busy, self.threads, ranks
+        )
         self.rollout = Rollout(storage, self.policy, self.T, device, copies=separate_buffers)
-        self.collector = Collector(self.policy, busy, self.threads)
+        self.collector = Collector(self.policy, busy, self.threads, ranks)
         self.tracker = EpisodeTracker(self.N, cfg.return_window)
         self.reward_scaler = RewardScaler(self.N, cfg.gamma) if cfg.normalize_reward else None
-        self.targets = Targets(cfg, self.policy, self.flat_param, self.reward_scaler, busy, self.threads)
-        self.env_steps = 0
+        self.targets = Targets(cfg, self.policy, self.flat_param, self.reward_scaler, busy, self.threads, ranks)
+        self.env_steps = 0  # the run's (every rank's)
         self.curve: list[tuple[int, float]] = []
 
     @property
@@ -134,7 +140,7 @@ class PPO:
     def collect(self) -> None:
         """One rollout of T steps on every env; its episodes into the statistics."""
         self.collector.run(self.rollout)
-        self.env_steps += self.T * self.N
+        self.env_steps += self.T * self.N * self.ranks.world
         b, tr = self.storage, self.tracker
         n_before = tr.episodes
         tr.update(b.rewards[1:], b.terminated[1:], b.truncated[1:])

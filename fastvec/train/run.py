@@ -29,6 +29,7 @@ from .mix import group_of
 from .pipeline import Pipeline
 from .policies import describe_policy
 from .presets import solve_threshold
+from .ranks import SOLO, Ranks, check_world, rank_figures
 from .report import Metrics, run_result
 from .restarts import RestartWatch
 from .ring import check_ring
@@ -60,6 +61,7 @@ def train(
     save: bool = True,
     t_start: float | None = None,
     learner=None,
+    ranks: Ranks = SOLO,
 ) -> dict:
     """Train PPO on ``storage`` (see ``fastvec.train.storage``), logging to ``monitor``;
     returns the result dict (``solved``, ``env_steps``, ``wall_seconds``,
@@ -78,10 +80,13 @@ def train(
     earlier (the run takes it over; default: one started here). ``mix``: the groups of
     envs the storage's envs are made of, in order (``fastvec.train.mix``): kept in the
     checkpoints, each group's training return in the result (``group_mean_returns``).
+    ``ranks``: this process's place in a data-parallel run (``fastvec.train.ranks``; the
+    storage holds this rank's share of the envs); the ranks stop, checkpoint and end
+    together, and the run's rank 0 writes the files.
     """
-    device = _checked(cfg, storage, monitor, init, resume, learner)
+    device = _checked(cfg, storage, monitor, init, resume, learner, ranks)
     t0 = time.perf_counter() if t_start is None else t_start
-    run = Run(cfg, storage, monitor, device, (env_id, env_kwargs, mix), resume, save, t0, learner)
+    run = Run(cfg, storage, monitor, device, (env_id, env_kwargs, mix), resume, save, t0, learner, ranks)
     try:
         run.start(init if resume is None else resume, progress)
         while run.ppo.env_steps < cfg.total_steps:
@@ -97,7 +102,7 @@ def train(
     return run.finish()
 
 
-def _checked(cfg: PPOConfig, storage, monitor, init, resume, learner):
+def _checked(cfg: PPOConfig, storage, monitor, init, resume, learner, ranks: Ranks):
     """The run's device, once its arguments are checked; what it was given is closed
     where they are not right."""
     try:
@@ -106,6 +111,9 @@ def _checked(cfg: PPOConfig, storage, monitor, init, resume, learner):
         if init is not None and resume is not None:
             raise ValueError("give init or resume, not both")
         check_ring(cfg, storage)
+        check_world(cfg, ranks.world, resume=resume)
+        if storage.num_envs * ranks.world != cfg.num_envs and not ranks.solo:
+            raise ValueError(f"rank {ranks.rank}: {storage.num_envs} envs are not its share of num_envs={cfg.num_envs}")
         return device
     except BaseException:
         if learner is not None:
@@ -122,8 +130,10 @@ class Run:
     plot). ``phase`` says where an exception came from (``emergency_checkpoint``).
     ``envs``: ``(env_id, env_kwargs, mix)``, what the checkpoints name."""
 
-    def __init__(self, cfg: PPOConfig, storage, monitor, device, envs: tuple, resume, save: bool, t_start, learner):
-        self.learner = learner
+    def __init__(
+        self, cfg: PPOConfig, storage, monitor, device, envs: tuple, resume, save: bool, t_start, learner, ranks=SOLO
+    ):
+        self.learner, self.ranks = learner, ranks
         self.cfg, self.storage, self.monitor, self.device = cfg, storage, monitor, device
         self.env_id, self.env_kwargs, self.mix = envs
         self.resume, self.t_start = resume, t_start
@@ -160,14 +170,17 @@ class Run:
         if ckpt is not None:
             policy = policy_from_checkpoint(ckpt)
             policy.train()
-        self.ppo = ppo = trainer_for(cfg, storage, self.device, policy)
+        self.ppo = ppo = trainer_for(cfg, storage, self.device, policy, self.ranks)
         if self.mix is not None:  # each group's training return too
             ppo.tracker.set_groups(group_of(self.mix))
+        first_env = self.ranks.rank * storage.num_envs  # this rank's first env of the run's
         if resume is not None:
             ppo.load_train_state(self.state)
-            ppo.restart_envs(resume_seed(cfg, ppo.env_steps))
+            if "ranks" in self.state:  # this rank's own episode statistics
+                ppo.tracker.load(self.state["ranks"]["trackers"][self.ranks.rank])
+            ppo.restart_envs(resume_seed(cfg, ppo.env_steps) + first_env)
         else:
-            storage.reset(cfg.seed)
+            storage.reset(cfg.seed + first_env)
         self.schedule = self._schedule()
         self.restarts = restarts = RestartWatch(storage, cfg, int(self.state.get("restarts", 0)))
         storage.on_restart = lambda: restarts.check(ppo.env_steps)  # counted (and limited) as they happen
@@ -195,23 +208,29 @@ class Run:
         cfg, ppo, schedule = self.cfg, self.ppo, self.schedule
         self.phase = "safe point"
         self.restarts.check(ppo.env_steps)
-        if stop is not None and stop():
+        stopping = stop is not None and stop()
+        late = cfg.max_seconds is not None and self.wall(time.perf_counter()) >= cfg.max_seconds
+        due = self.periodic is not None and self.periodic.due(ppo.env_steps)
+        if not self.ranks.solo:  # any rank's stop request or clock, rank 0's checkpoints
+            stopping, late, due = (x > 0 for x in self.ranks.floats([stopping, late, due]))
+        if stopping:
             self.interrupted = True
             return False
-        if cfg.max_seconds is not None and self.wall(time.perf_counter()) >= cfg.max_seconds:
+        if late:
             self.out_of_time = True
             return False
-        if self.periodic is not None and self.periodic.due(ppo.env_steps):
-            if (saved := schedule.safe_point()) is not None:
-                self.periodic.save(saved.holder, self.env_id, self.env_kwargs, self._counted(saved.state), mix=self.mix)
+        if due and (saved := schedule.safe_point()) is not None:
+            state = self._counted(saved.state)
+            if self.periodic is not None:
+                self.periodic.save(saved.holder, self.env_id, self.env_kwargs, state, mix=self.mix)
         self.snap = rng_state()
         self.phase = "collect"
         schedule.collect()
         self.phase = "learn"
         if self.bar is not None:
-            self.bar.update(ppo.T * ppo.N)
-        mean_ret = ppo.tracker.mean()
-        if cfg.stop_at_return is not None and ppo.tracker.full() and mean_ret >= cfg.stop_at_return:
+            self.bar.update(ppo.T * ppo.N * self.ranks.world)
+        mean_ret, full = self.mean_return()
+        if cfg.stop_at_return is not None and full and mean_ret is not None and mean_ret >= cfg.stop_at_return:
             self.solved = True
             return False
         if ppo.env_steps >= cfg.total_steps:
@@ -230,10 +249,24 @@ class Run:
         self.lost = self.storage.lost_wakeups()  # before the engine closes
 
     def _counted(self, state: dict) -> dict:
-        """A train state with the run's own counters (wall time so far, restarts)."""
+        """A train state with the run's own counters (wall time so far, restarts) and,
+        with several ranks, every rank's episode statistics (a collective: every rank
+        calls it at the same point)."""
         state["wall_seconds"] = self.wall(time.perf_counter())
         state["restarts"] = self.restarts.total
+        if not self.ranks.solo:
+            state["ranks"] = {"world": self.ranks.world, "trackers": self.ranks.gather(state["tracker"])}
         return state
+
+    def mean_return(self) -> tuple[float | None, bool]:
+        """The mean return of the last episodes and whether the window is full: with
+        several ranks, the mean of the ranks' means (a collective), full where all are."""
+        tracker = self.ppo.tracker
+        mean = tracker.mean()
+        if self.ranks.solo:
+            return mean, tracker.full()
+        total, have, full = self.ranks.floats([mean or 0.0, mean is not None, tracker.full()])
+        return (total / have if have else None), bool(full == self.ranks.world)
 
     def wall(self, now: float) -> float:
         return self.wall_before + now - self.t_start
@@ -243,6 +276,8 @@ class Run:
         """The envs (or the learner) failed, or too many restarts: where the state of the
         last safe point is whole, keep it. Not after a second Ctrl-C: that one means now."""
         if not (self.run_dir and self.schedule is not None and isinstance(exc, Exception)):
+            return
+        if not self.ranks.solo:  # the other ranks' statistics are out of reach: the last periodic one stays
             return
         try:
             saved = self.schedule.after_failure(self.phase, self.snap)
@@ -273,9 +308,12 @@ class Run:
         """The result; the last logging point, checkpoint, plot and ``result.json``."""
         ppo, monitor = self.ppo, self.monitor
         wall = self.wall(time.perf_counter())
-        final_mean = ppo.tracker.mean()
+        final_mean, _full = self.mean_return()
         result = run_result(self, wall, final_mean)
+        if not self.ranks.solo:
+            result["ranks"] = rank_figures(self.ranks, ppo.env_steps // self.ranks.world, wall, self.restarts.total)
         rets, lens = ppo.tracker.drain()
+        st = self._counted(ppo.train_state()) if self.run_dir or not self.ranks.solo else {}  # (a collective)
         if monitor.last_step is None or monitor.last_step < ppo.env_steps:  # one row per step
             scalars = {"charts/mean_return": final_mean, "health/restarts": self.restarts.total}
             scalars.update({"charts/env_sps_overall": result["sps"], **self.schedule.summary()})
@@ -283,7 +321,6 @@ class Run:
         if monitor.run_dir:
             result["run_dir"] = monitor.run_dir
             if self.run_dir:  # save
-                st = self._counted(ppo.train_state())
                 st["wall_seconds"] = wall
                 st["resumed"] = result["resumed"]
                 path = os.path.join(self.run_dir, "checkpoint.pt")

@@ -21,6 +21,7 @@ import torch
 from .config import PPOConfig
 from .host_memory import HostPin
 from .ppo import PPO
+from .ranks import SOLO, Ranks
 from .ring import RingSection
 
 __all__ = ["Saved", "Schedule", "LockStep", "trainer_for"]
@@ -64,13 +65,14 @@ class Schedule(Protocol):
         """Release what the schedule holds. Safe to call twice."""
 
 
-def trainer_for(cfg: PPOConfig, storage, device: torch.device, policy=None) -> PPO:
+def trainer_for(cfg: PPOConfig, storage, device: torch.device, policy=None, ranks: Ranks = SOLO) -> PPO:
     """The ``PPO`` this process acts with: over the storage on the learner's ``device``
-    (lock-step), or over the ring's first section on the CPU (async: the learner process
-    has the device, and the collector acts into shared memory)."""
+    (lock-step; ``ranks``: this rank's of a data-parallel run), or over the ring's first
+    section on the CPU (async: the learner process has the device, and the collector acts
+    into shared memory)."""
     if cfg.pipeline == "async":
-        return PPO(cfg, RingSection(storage, 0, cfg.n_steps), torch.device("cpu"), policy)
-    return PPO(cfg, storage, device, policy)
+        return PPO(cfg, RingSection(storage, 0, cfg.n_steps), torch.device("cpu"), policy, ranks=ranks)
+    return PPO(cfg, storage, device, policy, ranks=ranks)
 
 
 class LockStep:

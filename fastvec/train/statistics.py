@@ -9,6 +9,8 @@ import math
 
 import numpy as np
 
+from .ranks import SOLO, Ranks
+
 __all__ = ["EpisodeTracker", "RewardScaler"]
 
 
@@ -114,17 +116,29 @@ class RewardScaler:
     def load(self, state: dict) -> None:
         self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
 
-    def __call__(self, rewards, done) -> np.ndarray:
+    def __call__(self, rewards, done, ranks: Ranks = SOLO) -> np.ndarray:
+        """``rewards`` ``[T, n]`` scaled; the running scale takes in this batch's
+        discounted returns (every rank's, ``ranks``)."""
         T = rewards.shape[0]
         rets = np.empty_like(rewards)
         for t in range(T):
             self.acc = self.acc * self.gamma + rewards[t]
             rets[t] = self.acc
             self.acc[done[t]] = 0.0
-        b_mean, b_var, n = rets.mean(), rets.var(), rets.size
+        b_mean, b_var, n = _moments(rets, ranks)
         delta = b_mean - self.mean
         tot = self.count + n
         self.mean += delta * n / tot
         self.var = (self.var * self.count + b_var * n + delta**2 * self.count * n / tot) / tot
         self.count = tot
         return np.clip(rewards / math.sqrt(self.var + self.eps), -self.clip, self.clip).astype(np.float32)
+
+
+def _moments(x: np.ndarray, ranks: Ranks):
+    """Mean, population variance and count of ``x``'s items over every rank's."""
+    if ranks.solo:
+        return x.mean(), x.var(), x.size
+    n, total = ranks.floats([x.size, x.sum()])
+    mean = total / n
+    (sq,) = ranks.floats([np.square(x - mean).sum()])
+    return mean, sq / n, int(n)

@@ -28,6 +28,7 @@ from ..gae import gae
 from ..vtrace import vtrace
 from .busy import DeviceBusy
 from .config import PPOConfig
+from .ranks import SOLO, Ranks
 from .rollout import Rollout
 from .runtime import Threads
 from .statistics import RewardScaler
@@ -49,9 +50,11 @@ class Targets:
         reward_scaler: RewardScaler | None,
         busy: DeviceBusy,
         threads: Threads,
+        ranks: Ranks = SOLO,
     ):
         self.cfg, self.policy, self.flat_param = cfg, policy, flat_param
         self.reward_scaler, self.busy, self.threads = reward_scaler, busy, threads
+        self.ranks = ranks  # the normalisers' statistics are every rank's
         self.t_prep = 0.0
         # per-sample weights of the advantages (proximal_policy=learner), set by compute
         self.adv_weights: torch.Tensor | None = None
@@ -69,7 +72,7 @@ class Targets:
         cfg, ro, b, T, pol = self.cfg, rollout, rollout.storage, rollout.T, self.policy
         self.threads.use(self.threads.learn)
         if pol.obs_norm is not None:
-            pol.update_obs_norm(ro.obs_dev[1:])
+            pol.update_obs_norm(ro.obs_dev[1:], self.ranks)
         term, trunc = b.terminated[1:], b.truncated[1:]
         boot = trunc & ~term
         current_logp = None  # the current weights' log-probs, where a pass computed them
@@ -85,7 +88,7 @@ class Targets:
                 ro.next_values_np[ts, ns] = v_final
         rewards = b.rewards[1:]
         if self.reward_scaler is not None:
-            rewards = self.reward_scaler(rewards, term | trunc)
+            rewards = self.reward_scaler(rewards, term | trunc, self.ranks)
         log_rhos = None if acted_by is None else self._log_rhos(ro, current_logp)
         self._advantages(ro, rewards, term, trunc, log_rhos)
         self.adv_weights = None

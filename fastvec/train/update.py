@@ -11,9 +11,11 @@ observations are small vectors), so a minibatch is a contiguous slice. Advantage
 normalised over the whole batch, once. KL and clip-fraction statistics are computed in
 the last epoch only, or in every minibatch when ``target_kl`` needs them.
 
-Two seams are marked for data-parallel learners: the batch's advantage statistics
-(``_advantages``) and the step from a minibatch's gradient (``_step``, where the
-gradient is clipped and applied).
+With several ranks (``fastvec.train.ranks``) the update is the whole run's: the
+advantages are normalised over every rank's batch, the permutation is of the whole
+batch (each rank takes its samples of each minibatch, ``_rank_epochs``), and each
+minibatch's gradient, statistics and KL stop are summed over the ranks, weighted by
+each rank's share of the minibatch, before they are used.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .losses import AutogradMinibatch
 from .lr_schedule import LRSchedule, mean_kl
 from .numpy_learner import NumpyLearner
 from .optim import FlatAdam
+from .ranks import SOLO, Ranks
 from .rollout import Rollout
 from .runtime import Threads
 
@@ -66,15 +69,16 @@ class Updater:
         batch: int,
         busy: DeviceBusy,
         threads: Threads,
+        ranks: Ranks = SOLO,
     ):
         self.cfg, self.policy, self.flat_param, self.flat_grad = cfg, policy, flat_param, flat_grad
-        self.batch, self.busy, self.threads = batch, busy, threads
+        self.batch, self.busy, self.threads, self.ranks = batch, busy, threads, ranks
         self.device = flat_param.device
         self.opt = FlatAdam(flat_param, cfg.lr, cfg.adam_eps)
         self.np_learner = numpy_learner_for(cfg, policy, flat_grad, self.device, threads.learn)
         self._autograd = AutogradMinibatch(policy, flat_grad, cfg.ent_coef, cfg.vf_coef, cfg.clip_vf)
-        # the schedules' horizon, in updates (lr_horizon's, else total_steps')
-        self.num_updates = max(1, (cfg.lr_horizon or cfg.total_steps) // batch)
+        # the schedules' horizon, in updates (lr_horizon's, else total_steps'), of the run's batch
+        self.num_updates = max(1, (cfg.lr_horizon or cfg.total_steps) // (batch * ranks.world))
         self.lr_schedule = LRSchedule(cfg, self.num_updates)
         self.updates = 0
         self.grad_steps = 0  # minibatch gradient steps taken, over the whole run
@@ -94,25 +98,31 @@ class Updater:
         clip = max(cfg.clip_coef * frac if cfg.anneal_clip else cfg.clip_coef, 1e-8)
         data, obs, acts, D = self._samples(rollout, adv_weights)
         npl = self.np_learner
+        epochs = self._epochs if self.ranks.solo else self._rank_epochs
         with npl.one_blas_thread() if npl is not None else contextlib.nullcontext():
-            stats, epochs_done, stop, n_mb, kl_from = self._epochs(data, obs, acts, D, clip)
+            stats, epochs_done, stop, n_mb, kl_from = epochs(data, obs, acts, D, clip)
         self.updates += 1
         if self.lr_schedule.adaptive:
             self.lr_schedule.observe(mean_kl(stats["kl"][kl_from:]))
         self.busy.end(span)
         self.busy.synchronize()  # the update's queued device work counts in t_learn
         self.t_learn += time.perf_counter() - t0
-        mb = min(cfg.minibatch_size, self.batch)
+        mb = min(cfg.minibatch_size, self.batch * self.ranks.world) // self.ranks.world  # this rank's share
         self.learn_samples += n_mb * mb
         self.grad_steps += n_mb
         self.last_stats = (stats, lr, clip, epochs_done, stop)
 
     def _advantages(self, rollout: Rollout, adv_weights) -> torch.Tensor:
         """The batch's advantages, normalised over it (``norm_adv``) and weighted."""
-        B = self.batch
+        B, ranks = self.batch, self.ranks
         adv = rollout.adv.view(B)
-        if self.cfg.norm_adv and B > 1:
+        if self.cfg.norm_adv and ranks.solo and B > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        elif self.cfg.norm_adv and B * ranks.world > 1:  # the run's mean and (unbiased) std
+            n = B * ranks.world
+            mean = ranks.sum_(adv.sum().reshape(1)) / n
+            var = ranks.sum_((adv - mean).square().sum().reshape(1)) / (n - 1)
+            adv = (adv - mean) / (var.sqrt() + 1e-8)
         if adv_weights is not None:
             adv = adv * adv_weights
         return adv
@@ -174,10 +184,74 @@ class Updater:
                 break
         return stats, epochs_done, stop, n_mb, kl_from
 
+    def _rank_epochs(self, data, obs, acts, D: int, clip: float):
+        """``_epochs`` of one rank of several: the permutation is the run's (the same
+        draw on every rank), a minibatch is its slice of it, and this rank learns from its
+        own samples of the slice (sample ``t * N + n`` of env ``n`` is the run's
+        ``t * world N + rank N + n``). The minibatch's gradient and statistics are this
+        rank's weighted by its share of the slice, summed over the ranks (``_reduced``)."""
+        cfg, npl, ranks = self.cfg, self.np_learner, self.ranks
+        N, W = self.batch // cfg.n_steps, ranks.world
+        B = self.batch * W  # the run's batch
+        mb = min(cfg.minibatch_size, B)
+        minibatch = npl.minibatch if npl is not None else self._autograd.minibatch
+        stats: dict = collections.defaultdict(list)
+        stop = False
+        epochs_done = kl_from = n_mb = 0
+        for epoch in range(cfg.n_epochs):
+            want_stats = epoch == cfg.n_epochs - 1 or cfg.target_kl is not None
+            kl_from = len(stats["kl"])
+            perm = torch.randperm(B, device=self.device) if mb < B else torch.arange(B, device=self.device)
+            t, col = perm // (W * N), perm % (W * N)
+            mine, local = col // N == ranks.rank, t * N + col % N
+            for start in range(0, B - 1, mb):
+                if min(mb, B - start) < 2:
+                    continue
+                idx = local[start : start + mb][mine[start : start + mb]]
+                share = idx.numel() / min(mb, B - start)
+                mine_stats: dict = collections.defaultdict(list)
+                if idx.numel():
+                    rows, a = data[idx], acts[idx]
+                    if npl is not None:
+                        rows, a = rows.numpy(), a.numpy()
+                    o = rows[:, :D] if obs is None else obs[idx]
+                    cols = (rows[:, D], rows[:, D + 1], rows[:, D + 2], rows[:, D + 3])
+                    minibatch(o, a, *cols, clip, True, None, mine_stats)  # the KL stop is the run's: below
+                    self.flat_grad.mul_(share)
+                else:
+                    self.flat_grad.zero_()
+                if self._reduced(mine_stats, share, want_stats, stats):
+                    stop = True
+                    break
+                self._step()
+                n_mb += 1
+            epochs_done = epoch + 1
+            if stop:
+                break
+        return stats, epochs_done, stop, n_mb, kl_from
+
+    _STATS = ("kl", "cf", "pg", "v", "ent")
+
+    def _reduced(self, mine: dict, share: float, want_stats: bool, stats: dict) -> bool:
+        """One minibatch's statistics summed over the ranks (each rank's weighted by its
+        ``share`` of it) into ``stats``; True where the run's KL stops the epochs. The
+        gradient is summed in ``_step``."""
+        keys = self._STATS
+        local = [share * float(mine[k][0]) if mine.get(k) else 0.0 for k in keys]
+        total = dict(zip(keys, self.ranks.floats(local).tolist()))
+        target_kl = self.cfg.target_kl
+        if target_kl is not None and total["kl"] > 1.5 * target_kl:
+            stats["kl"].append(total["kl"])
+            return True
+        if want_stats:
+            for k in keys:
+                stats[k].append(total[k])
+        return False
+
     def _step(self) -> None:
-        """Apply a minibatch's gradient: clip its global norm (``clip_grad_norm_`` on the one
-        flat gradient), then Adam's step."""
-        grad = self.flat_grad
+        """Apply a minibatch's gradient: summed over the ranks (several), its global norm
+        clipped (``clip_grad_norm_`` on the one flat gradient), then Adam's step."""
+        grad = self.ranks.sum_(self.flat_grad)
         grad.mul_((self.cfg.max_grad_norm / (grad.norm() + 1e-6)).clamp_(max=1.0))
         self.opt.step()
 

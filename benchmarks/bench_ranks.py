@@ -1,0 +1,177 @@
+#!/usr/bin/env python
+"""Data-parallel training on this machine: N ranks against one, and the all-reduce's cost.
+
+    python benchmarks/bench_ranks.py --out benchmarks/results/ranks
+
+1. **Learning**: ``fastvec train HalfCheetah-v5 --total-steps 300000 --seed S`` as one
+   rank of 8 envs and as ``--nproc 2`` (two ranks of 4 envs: the same run cut in two),
+   seeds 1-3, each a fresh process as a user runs it (torch's defaults), the two
+   alternating first from seed to seed. Per run: wall time, steps/s, the final mean
+   return, and for the ranks each one's share of the wall time in collectives (the
+   all-reduce itself and the wait for the other rank's envs and update).
+2. **The all-reduce alone**: two gloo processes on 127.0.0.1 sum a float32 tensor of
+   each preset policy's size (``fastvec train``'s flat gradient), both ready (a barrier
+   first), median of 200 after 20 warm-ups; and the 5 floats of a minibatch's statistics.
+   With the runs' counts of collectives this splits the ranks' extra time into the
+   all-reduces and the rest (two ranks' envs and learners on the same 2 cores).
+
+Writes ``ranks.json`` and ``ranks.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+QUIET = ["--no-progress", "--no-tensorboard", "--checkpoint-every", "0"]
+# The presets' policies (fastvec train's "policy" field): parameters of the flat gradient.
+MODEL_SIZES = {
+    "CartPole-v1 (mlp 64x64)": 9_155,
+    "HalfCheetah-v5 (mlp 64x64)": 11_085,
+    "ALE/Pong-v5 (Nature CNN)": 1_687_719,
+}
+
+
+def train(seed: int, nproc: int, steps: int, tmp: str) -> dict:
+    run = os.path.join(tmp, f"hc-{nproc}-{seed}")
+    argv = ["HalfCheetah-v5", "--total-steps", str(steps), "--seed", str(seed), "--logdir", run, *QUIET]
+    if nproc > 1:
+        argv += ["--nproc", str(nproc)]
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "fastvec", "train", *argv], capture_output=True, text=True, cwd=tmp)
+    if out.returncode:
+        raise SystemExit(f"run failed: {argv}\n{out.stderr[-2000:]}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res["process_wall_s"] = time.perf_counter() - t0
+    return res
+
+
+def _allreduce_child(rank: int, port: int, sizes: list[int], reps: int, q) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    out = {}
+    for n in sizes:
+        t = torch.ones(n)
+        times = []
+        for i in range(reps + 20):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            if i >= 20:
+                times.append(time.perf_counter() - t0)
+        out[n] = statistics.median(times)
+    dist.destroy_process_group()
+    if rank == 0:
+        q.put(out)
+
+
+def allreduce_times(sizes: list[int], reps: int = 200) -> dict[int, float]:
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_allreduce_child, args=(r, port, sizes, reps, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    out = q.get(timeout=600)
+    for p in procs:
+        p.join(60)
+    return out
+
+
+def med(xs):
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def report(runs: dict, ar: dict, args, wall: float) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    lines = [
+        f"# Data-parallel ranks on this machine ({wall:.0f} s)",
+        "",
+        f"`python benchmarks/bench_ranks.py --out {args.out}`; {cpu}, {os.cpu_count()} cores, "
+        f"{platform.system()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. HalfCheetah-v5, "
+        f"{args.steps:,} steps, seeds {', '.join(map(str, args.seeds))}, one fresh process per run, the "
+        "two alternating first; medians over seeds, min-max in brackets.",
+        "",
+        "| run | wall s | steps/s | final return | collectives' share of wall (per rank) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, rs in runs.items():
+        w, sps, ret = (med([r[k] for r in rs]) for k in ("wall_seconds", "sps", "final_mean_return"))
+        share = (
+            ""
+            if "ranks" not in rs[0]
+            else "{:.0%} ({:.0%}-{:.0%})".format(*med([s for r in rs for s in r["ranks"]["reduce_share"]]))
+        )
+        lines.append(
+            f"| {name} | {w[0]:.1f} ({w[1]:.1f}-{w[2]:.1f}) | {sps[0]:,.0f} ({sps[1]:,.0f}-{sps[2]:,.0f}) | "
+            f"{ret[0]:,.0f} ({ret[1]:,.0f}-{ret[2]:,.0f}) | {share} |"
+        )
+    one, two = (statistics.median(r["wall_seconds"] for r in rs) for rs in runs.values())
+    lines += ["", f"Overhead of 2 ranks against 1 (median wall times): {two / one - 1:+.1%}.", ""]
+    lines += ["| all-reduce, 2 gloo processes, both ready | float32 values | median us |", "|---|---:|---:|"]
+    for label, n in [*MODEL_SIZES.items(), ("a minibatch's statistics", 5)]:
+        lines.append(f"| {label} | {n:,} | {ar[n] * 1e6:,.0f} |")
+    r2 = runs["2 ranks x 4 envs"][0]
+    per_update = r2["grad_steps"] / max(r2["updates"], 1)
+    cost = r2["grad_steps"] * (ar[MODEL_SIZES["HalfCheetah-v5 (mlp 64x64)"]] + ar[5])
+    lines += [
+        "",
+        f"A 2-rank run makes {r2['grad_steps']:,} minibatch steps ({per_update:.0f} an update), each one gradient "
+        f"all-reduce and one of its statistics: {cost:.1f} s of all-reduce at the rates above, against the "
+        f"{two - one:+.1f} s the 2-rank run took over the 1-rank one. The rest of the collectives' share is one "
+        "rank waiting for the other: both ranks' envs and learners share the 2 cores.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--steps", type=int, default=300_000)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    runs: dict[str, list] = {"1 rank x 8 envs": [], "2 ranks x 4 envs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, seed in enumerate(args.seeds):
+            order = [1, 2] if i % 2 == 0 else [2, 1]
+            for nproc in order:
+                res = train(seed, nproc, args.steps, tmp)
+                runs["1 rank x 8 envs" if nproc == 1 else "2 ranks x 4 envs"].append(res)
+                print(
+                    f"seed {seed} nproc {nproc}: {res['wall_seconds']:.1f} s, return {res['final_mean_return']}",
+                    flush=True,
+                )
+    ar = allreduce_times([*MODEL_SIZES.values(), 5])
+    wall = time.perf_counter() - t0
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "ranks.json"), "w") as f:
+        json.dump({"runs": runs, "allreduce_s": {str(k): v for k, v in ar.items()}, "seeds": args.seeds}, f, indent=1)
+    text = report(runs, ar, args, wall)
+    with open(os.path.join(args.out, "ranks.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
