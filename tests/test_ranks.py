@@ -199,17 +199,21 @@ def test_a_killed_learner_ends_every_rank_with_one_line(tmp_path):
     assert list((run / "checkpoints").glob("step-*.pt"))  # the last periodic checkpoint is kept
 
 
-def test_sigterm_stops_every_rank_at_one_safe_point_and_the_run_resumes_on_as_many(tmp_path):
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_every_rank_at_one_safe_point_and_the_run_resumes_on_as_many(tmp_path, sig, code):
     run = tmp_path / "run"
     p, _ranks, held, segs = _start(run)
-    p.send_signal(signal.SIGTERM)
+    p.send_signal(sig)  # to the launcher, as a terminal's Ctrl-C reaches it: passed on to each rank once
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 143, err
+    assert p.returncode == code, err
     res = json.loads(out.strip().splitlines()[-1])
     assert res["interrupted"] is True and res["ranks"]["world"] == 2 and "Traceback" not in err
+    assert err.count("stopping at the next safe point") == 2  # each rank, once
     _gone(held, segs)
     ck = load_checkpoint(str(run / "checkpoint.pt"))
     assert ck["train_state"]["env_steps"] == res["env_steps"] and ck["train_state"]["ranks"]["world"] == 2
+    if sig == signal.SIGINT:
+        return  # resuming: once is enough (SIGTERM)
     # another number of ranks: one line, before any process starts
     again = [sys.executable, "-m", "fastvec", "train", "--resume", str(run), "--no-progress", "--no-tensorboard"]
     out1 = subprocess.run(

@@ -14,8 +14,8 @@ the last epoch only, or in every minibatch when ``target_kl`` needs them.
 With several ranks (``fastvec.train.ranks``) the update is the whole run's: the
 advantages are normalised over every rank's batch, the permutation is of the whole
 batch (each rank takes its samples of each minibatch, ``_rank_epochs``), and each
-minibatch's gradient, statistics and KL stop are summed over the ranks, weighted by
-each rank's share of the minibatch, before they are used.
+minibatch's gradient and statistics are summed over the ranks (one all-reduce),
+weighted by each rank's share of the minibatch, before they are used.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ class Updater:
         self.learn_samples = 0  # samples those steps learned from (the learner's speed: per t_learn)
         self.t_learn = 0.0
         self.last_stats: tuple | None = None  # the last update's (stats, lr, clip, epochs, early stop)
+        self._wire: torch.Tensor | None = None  # with several ranks: a minibatch's gradient and statistics
 
     def run(self, rollout: Rollout, adv_weights: torch.Tensor | None = None) -> None:
         """One update from ``rollout`` (its targets computed; ``adv_weights``: per-sample
@@ -233,12 +234,19 @@ class Updater:
     _STATS = ("kl", "cf", "pg", "v", "ent")
 
     def _reduced(self, mine: dict, share: float, want_stats: bool, stats: dict) -> bool:
-        """One minibatch's statistics summed over the ranks (each rank's weighted by its
-        ``share`` of it) into ``stats``; True where the run's KL stops the epochs. The
-        gradient is summed in ``_step``."""
-        keys = self._STATS
-        local = [share * float(mine[k][0]) if mine.get(k) else 0.0 for k in keys]
-        total = dict(zip(keys, self.ranks.floats(local).tolist()))
+        """One minibatch's gradient (in ``flat_grad``) and statistics, each rank's weighted
+        by its ``share`` of it, summed over the ranks in one all-reduce; the statistics
+        into ``stats``. True where the run's KL stops the epochs (the gradient unused)."""
+        keys, grad = self._STATS, self.flat_grad
+        n = grad.numel()
+        if self._wire is None:
+            self._wire = torch.empty(n + len(keys), device=grad.device)
+        wire = self._wire
+        wire[:n].copy_(grad)
+        wire[n:].copy_(torch.tensor([share * float(mine[k][0]) if mine.get(k) else 0.0 for k in keys]))
+        self.ranks.sum_(wire)
+        grad.copy_(wire[:n])
+        total = dict(zip(keys, wire[n:].tolist()))
         target_kl = self.cfg.target_kl
         if target_kl is not None and total["kl"] > 1.5 * target_kl:
             stats["kl"].append(total["kl"])
@@ -249,9 +257,9 @@ class Updater:
         return False
 
     def _step(self) -> None:
-        """Apply a minibatch's gradient: summed over the ranks (several), its global norm
-        clipped (``clip_grad_norm_`` on the one flat gradient), then Adam's step."""
-        grad = self.ranks.sum_(self.flat_grad)
+        """Apply a minibatch's gradient (with several ranks, their sum: ``_reduced``): its
+        global norm clipped (``clip_grad_norm_`` on the one flat gradient), then Adam's step."""
+        grad = self.flat_grad
         grad.mul_((self.cfg.max_grad_norm / (grad.norm() + 1e-6)).clamp_(max=1.0))
         self.opt.step()
 
