@@ -266,7 +266,8 @@ def _start(env_id, cfg, run_dir, tensorboard, resume_step, storage_args, ckpt, r
     learner = LearnerProcess() if cfg.pipeline == "async" else None  # its interpreter starts while the envs do
     ranks = None
     try:
-        ranks = ranks_from_environment(resolve_device(cfg.device))
+        # (async: this process acts on the CPU, its learner process has the device)
+        ranks = ranks_from_environment(torch.device("cpu") if learner is not None else resolve_device(cfg.device))
         monitor = Monitor(run_dir or None, tensorboard=tensorboard, resume_step=resume_step)
     except BaseException:
         if learner is not None:

@@ -138,7 +138,7 @@ class Pipeline:
             "separate_buffers": self.learner_separate_buffers,
             "checkpoint": (os.path.abspath(checkpoint_info[0]) if checkpoint_info[0] else None, *checkpoint_info[1:]),
             "parent": os.getpid(),
-            "ranks": learners_spec(ppo.ranks),  # the ranks' learners sum their gradients among themselves
+            "ranks": learners_spec(ppo.ranks, self.device),  # the ranks' learners sum their gradients among themselves
         }
         # the starting weights, published before the learner exists (it never writes them)
         self.handoff.publish(self.published, ppo)

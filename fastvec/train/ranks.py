@@ -132,8 +132,8 @@ def launched_world() -> int:
 
 def ranks_from_environment(device: torch.device) -> Ranks:
     """Join the run a launcher set up in this process's environment (torchrun's
-    variables), or ``SOLO`` where there is none. gloo on the CPU; NCCL on CUDA, with
-    device ``LOCAL_RANK`` made this process's (``device`` says which)."""
+    variables), or ``SOLO`` where there is none. gloo on the CPU; NCCL where this process
+    learns on CUDA (``device``), with device ``LOCAL_RANK`` made its own."""
     world = launched_world()
     if world <= 1:
         return SOLO
@@ -151,10 +151,10 @@ def ranks_from_environment(device: torch.device) -> Ranks:
     return join(spec)
 
 
-def learners_spec(ranks: Ranks) -> dict | None:
-    """How this rank's async learner process joins the group of the ranks' learners (a
-    group of its own, on ``FASTVEC_LEARNER_PORT``, default the port after
-    ``MASTER_PORT``); None with one rank."""
+def learners_spec(ranks: Ranks, device: torch.device) -> dict | None:
+    """How this rank's async learner process, learning on ``device``, joins the group of
+    the ranks' learners (a group of its own, on ``FASTVEC_LEARNER_PORT``, default the
+    port after ``MASTER_PORT``); None with one rank."""
     if ranks.solo:
         return None
     port = os.environ.get("FASTVEC_LEARNER_PORT") or int(os.environ["MASTER_PORT"]) + 1
@@ -163,7 +163,7 @@ def learners_spec(ranks: Ranks) -> dict | None:
         "rank": ranks.rank,
         "local_rank": ranks.local_rank,
         "local_world": ranks.local_world,
-        "backend": ranks.backend,
+        "backend": "nccl" if device.type == "cuda" else "gloo",
         "address": os.environ.get("MASTER_ADDR", "127.0.0.1"),
         "port": int(port),
     }
