@@ -13,7 +13,7 @@ the last epoch only, or in every minibatch when ``target_kl`` needs them.
 
 With several ranks (``fastvec.train.ranks``) the update is the whole run's: the
 advantages are normalised over every rank's batch, the permutation is of the whole
-batch (each rank takes its samples of each minibatch, ``_rank_epochs``), and each
+batch (each rank takes its samples of each minibatch, ``_rank_minibatches``), and each
 minibatch's gradient and statistics are summed over the ranks (one all-reduce),
 weighted by each rank's share of the minibatch, before they are used.
 """
@@ -99,9 +99,8 @@ class Updater:
         clip = max(cfg.clip_coef * frac if cfg.anneal_clip else cfg.clip_coef, 1e-8)
         data, obs, acts, D = self._samples(rollout, adv_weights)
         npl = self.np_learner
-        epochs = self._epochs if self.ranks.solo else self._rank_epochs
         with npl.one_blas_thread() if npl is not None else contextlib.nullcontext():
-            stats, epochs_done, stop, n_mb, kl_from = epochs(data, obs, acts, D, clip)
+            stats, epochs_done, stop, n_mb, kl_from = self._epochs(data, obs, acts, D, clip)
         self.updates += 1
         if self.lr_schedule.adaptive:
             self.lr_schedule.observe(mean_kl(stats["kl"][kl_from:]))
@@ -150,32 +149,19 @@ class Updater:
 
     def _epochs(self, data, obs, acts, D: int, clip: float):
         """The epochs' minibatches, each one gradient step; ``(stats, epochs done, stopped
-        by the KL, minibatches stepped, where the last epoch's KLs start in stats)``."""
-        cfg, B, npl = self.cfg, self.batch, self.np_learner
-        mb = min(cfg.minibatch_size, B)
-        minibatch = npl.minibatch if npl is not None else self._autograd.minibatch
-        target_kl = cfg.target_kl
+        by the KL, minibatches stepped, where the last epoch's KLs start in stats)``. One
+        rank learns from ``_minibatches``, one of several from ``_rank_minibatches``."""
+        cfg = self.cfg
+        learn = self._learn if self.ranks.solo else self._rank_learn
+        minibatches = self._minibatches if self.ranks.solo else self._rank_minibatches
         stats: dict = collections.defaultdict(list)
         stop = False
         epochs_done = kl_from = n_mb = 0
         for epoch in range(cfg.n_epochs):
-            want_stats = epoch == cfg.n_epochs - 1 or target_kl is not None
+            want_stats = epoch == cfg.n_epochs - 1 or cfg.target_kl is not None
             kl_from = len(stats["kl"])  # where this epoch's KLs start: the adaptive rate reads the last's
-            if mb < B:
-                perm = torch.randperm(B, device=self.device)
-                data_e, acts_e = data[perm], acts[perm]
-                obs_e = None if obs is None else obs[perm]
-            else:
-                data_e, acts_e, obs_e = data, acts, obs
-            if npl is not None:
-                data_e, acts_e = data_e.numpy(), acts_e.numpy()
-            for start in range(0, B - 1, mb):
-                rows = data_e[start : start + mb]
-                if rows.shape[0] < 2:
-                    continue
-                o = rows[:, :D] if obs_e is None else obs_e[start : start + mb]
-                cols = (rows[:, D], rows[:, D + 1], rows[:, D + 2], rows[:, D + 3])
-                if minibatch(o, acts_e[start : start + mb], *cols, clip, want_stats, target_kl, stats):
+            for part in minibatches(data, obs, acts, D):
+                if learn(part, clip, want_stats, stats):
                     stop = True
                     break
                 self._step()
@@ -185,51 +171,70 @@ class Updater:
                 break
         return stats, epochs_done, stop, n_mb, kl_from
 
-    def _rank_epochs(self, data, obs, acts, D: int, clip: float):
-        """``_epochs`` of one rank of several: the permutation is the run's (the same
-        draw on every rank), a minibatch is its slice of it, and this rank learns from its
-        own samples of the slice (sample ``t * N + n`` of env ``n`` is the run's
-        ``t * world N + rank N + n``). The minibatch's gradient and statistics are this
-        rank's weighted by its share of the slice, summed over the ranks (``_reduced``)."""
+    def _minibatches(self, data, obs, acts, D: int):
+        """One epoch's minibatches of the batch permuted (one gather), as ``(observations,
+        actions, old log-prob, advantage, return, old value)``."""
+        B, npl = self.batch, self.np_learner
+        mb = min(self.cfg.minibatch_size, B)
+        if mb < B:
+            perm = torch.randperm(B, device=self.device)
+            data, acts = data[perm], acts[perm]
+            obs = None if obs is None else obs[perm]
+        if npl is not None:
+            data, acts = data.numpy(), acts.numpy()
+        for start in range(0, B - 1, mb):
+            rows = data[start : start + mb]
+            if rows.shape[0] < 2:
+                continue
+            o = rows[:, :D] if obs is None else obs[start : start + mb]
+            yield o, acts[start : start + mb], rows[:, D], rows[:, D + 1], rows[:, D + 2], rows[:, D + 3]
+
+    def _minibatch(self, *args) -> bool:
+        """A minibatch's loss and gradient: numpy's where it covers the policy, else autograd's."""
+        npl = self.np_learner
+        return (npl.minibatch if npl is not None else self._autograd.minibatch)(*args)
+
+    def _learn(self, part, clip: float, want_stats: bool, stats: dict) -> bool:
+        """One minibatch's gradient into ``flat_grad``; True where the KL stops the epochs."""
+        return self._minibatch(*part, clip, want_stats, self.cfg.target_kl, stats)
+
+    def _rank_minibatches(self, data, obs, acts, D: int):
+        """``_minibatches`` of one rank of several: the permutation is the run's (the same
+        draw on every rank), a minibatch is its slice of it, and this rank's part of it is
+        its own samples of the slice (sample ``t * N + n`` of env ``n`` is the run's
+        ``t * world N + rank N + n``); yields ``(part or None, its share of the slice)``."""
         cfg, npl, ranks = self.cfg, self.np_learner, self.ranks
         N, W = self.batch // cfg.n_steps, ranks.world
         B = self.batch * W  # the run's batch
         mb = min(cfg.minibatch_size, B)
-        minibatch = npl.minibatch if npl is not None else self._autograd.minibatch
-        stats: dict = collections.defaultdict(list)
-        stop = False
-        epochs_done = kl_from = n_mb = 0
-        for epoch in range(cfg.n_epochs):
-            want_stats = epoch == cfg.n_epochs - 1 or cfg.target_kl is not None
-            kl_from = len(stats["kl"])
-            perm = torch.randperm(B, device=self.device) if mb < B else torch.arange(B, device=self.device)
-            t, col = perm // (W * N), perm % (W * N)
-            mine, local = col // N == ranks.rank, t * N + col % N
-            for start in range(0, B - 1, mb):
-                if min(mb, B - start) < 2:
-                    continue
-                idx = local[start : start + mb][mine[start : start + mb]]
-                share = idx.numel() / min(mb, B - start)
-                mine_stats: dict = collections.defaultdict(list)
-                if idx.numel():
-                    rows, a = data[idx], acts[idx]
-                    if npl is not None:
-                        rows, a = rows.numpy(), a.numpy()
-                    o = rows[:, :D] if obs is None else obs[idx]
-                    cols = (rows[:, D], rows[:, D + 1], rows[:, D + 2], rows[:, D + 3])
-                    minibatch(o, a, *cols, clip, True, None, mine_stats)  # the KL stop is the run's: below
-                    self.flat_grad.mul_(share)
-                else:
-                    self.flat_grad.zero_()
-                if self._reduced(mine_stats, share, want_stats, stats):
-                    stop = True
-                    break
-                self._step()
-                n_mb += 1
-            epochs_done = epoch + 1
-            if stop:
-                break
-        return stats, epochs_done, stop, n_mb, kl_from
+        perm = torch.randperm(B, device=self.device) if mb < B else torch.arange(B, device=self.device)
+        t, col = perm // (W * N), perm % (W * N)
+        mine, local = col // N == ranks.rank, t * N + col % N
+        for start in range(0, B - 1, mb):
+            if min(mb, B - start) < 2:
+                continue
+            idx = local[start : start + mb][mine[start : start + mb]]
+            share = idx.numel() / min(mb, B - start)
+            if not idx.numel():
+                yield None, share
+                continue
+            rows, a = data[idx], acts[idx]
+            if npl is not None:
+                rows, a = rows.numpy(), a.numpy()
+            o = rows[:, :D] if obs is None else obs[idx]
+            yield (o, a, rows[:, D], rows[:, D + 1], rows[:, D + 2], rows[:, D + 3]), share
+
+    def _rank_learn(self, part_share, clip: float, want_stats: bool, stats: dict) -> bool:
+        """This rank's part of a minibatch: its gradient and statistics, weighted by its
+        share, summed over the ranks (``_reduced``); True where the run's KL stops."""
+        part, share = part_share
+        mine: dict = collections.defaultdict(list)
+        if part is None:
+            self.flat_grad.zero_()
+        else:
+            self._minibatch(*part, clip, True, None, mine)  # every statistic, no stop: the KL stop is the run's
+            self.flat_grad.mul_(share)
+        return self._reduced(mine, share, want_stats, stats)
 
     _STATS = ("kl", "cf", "pg", "v", "ent")
 
