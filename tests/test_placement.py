@@ -219,10 +219,16 @@ def test_probe_places_costly_envs_apart_and_reports_costs():
             env.step(env.action_space.sample())
         report = env.placement
         env_us = np.array(report.env_us)
-        # (medians: a step the OS preempted lands on whichever env's clock was running)
-        assert np.isfinite(env_us).all() and np.median(env_us[:4]) > 2 * np.median(env_us[4:])
+        # Each env's wall time per step: on any host at least what its steps spin (all but
+        # the one of the 100 that is its autoreset), whatever else a loaded host puts on
+        # its clock by preempting it (which moves a ratio of costly to cheap); and the
+        # placement is even by the costs its probe measured (CPU time, or the fastest
+        # wall times: robust to load).
+        assert np.isfinite(env_us).all() and env_us[:4].min() > 0.9 * 800 and env_us[4:].min() > 0.9 * 200, env_us
         assert report.share_us == pytest.approx([env_us[list(w)].sum() for w in report.workers])
-        assert report.balance > 0.8
+        probe_shares = [probe[list(w)].sum() for w in report.workers]
+        assert min(probe_shares) > 0.8 * max(probe_shares), probe_shares
+        assert 0 < report.balance <= 1
         assert "worker 1" in str(report)
 
 
