@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from harness.common import cpu_model
+
 QUIET = ["--no-progress", "--no-tensorboard", "--checkpoint-every", "0"]
 # The presets' policies (fastvec train's "policy" field): parameters of the flat gradient.
 MODEL_SIZES = {
@@ -98,12 +100,7 @@ def med(xs):
 
 
 def report(runs: dict, ar: dict, args, wall: float) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     lines = [
         f"# Data-parallel ranks on this machine ({wall:.0f} s)",
         "",
