@@ -10,10 +10,11 @@
    return, and for the ranks each one's share of the wall time in collectives (the
    all-reduce itself and the wait for the other rank's envs and update).
 2. **The all-reduce alone**: two gloo processes on 127.0.0.1 sum a float32 tensor of
-   each preset policy's size (``fastvec train``'s flat gradient), both ready (a barrier
-   first), median of 200 after 20 warm-ups; and the 5 floats of a minibatch's statistics.
-   With the runs' counts of collectives this splits the ranks' extra time into the
-   all-reduces and the rest (two ranks' envs and learners on the same 2 cores).
+   each preset policy's size (``fastvec train``'s flat gradient), of 5 floats, and of
+   HalfCheetah's gradient with the 5 floats of a minibatch's statistics (what a rank sums
+   per minibatch), both ready (a barrier first), median of 200 after 20 warm-ups. With
+   the runs' counts of minibatches this compares the all-reduce alone with the time the
+   ranks spent in collectives during the run.
 
 Writes ``ranks.json`` and ``ranks.md`` into ``--out``.
 """
@@ -126,17 +127,21 @@ def report(runs: dict, ar: dict, args, wall: float) -> str:
     one, two = (statistics.median(r["wall_seconds"] for r in rs) for rs in runs.values())
     lines += ["", f"Overhead of 2 ranks against 1 (median wall times): {two / one - 1:+.1%}.", ""]
     lines += ["| all-reduce, 2 gloo processes, both ready | float32 values | median us |", "|---|---:|---:|"]
-    for label, n in [*MODEL_SIZES.items(), ("a minibatch's statistics", 5)]:
+    hc = MODEL_SIZES["HalfCheetah-v5 (mlp 64x64)"]
+    for label, n in [*MODEL_SIZES.items(), ("5 floats", 5), ("HalfCheetah's gradient and 5 statistics", hc + 5)]:
         lines.append(f"| {label} | {n:,} | {ar[n] * 1e6:,.0f} |")
     r2 = runs["2 ranks x 4 envs"][0]
     per_update = r2["grad_steps"] / max(r2["updates"], 1)
-    cost = r2["grad_steps"] * (ar[MODEL_SIZES["HalfCheetah-v5 (mlp 64x64)"]] + ar[5])
+    cost = r2["grad_steps"] * ar[MODEL_SIZES["HalfCheetah-v5 (mlp 64x64)"] + 5]
+    in_run = statistics.median(
+        s * r["wall_seconds"] for r in runs["2 ranks x 4 envs"] for s in r["ranks"]["reduce_share"]
+    )
     lines += [
         "",
-        f"A 2-rank run makes {r2['grad_steps']:,} minibatch steps ({per_update:.0f} an update), each one gradient "
-        f"all-reduce and one of its statistics: {cost:.1f} s of all-reduce at the rates above, against the "
-        f"{two - one:+.1f} s the 2-rank run took over the 1-rank one. The rest of the collectives' share is one "
-        "rank waiting for the other: both ranks' envs and learners share the 2 cores.",
+        f"A 2-rank run makes {r2['grad_steps']:,} minibatch steps ({per_update:.0f} an update), each one all-reduce "
+        f"of the gradient and its statistics: {cost:.1f} s at the rate above (both ranks ready), against "
+        f"{in_run:.1f} s each rank spent in collectives during the run and the {two - one:+.1f} s the 2-rank run "
+        "took over the 1-rank one.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -159,7 +164,7 @@ def main() -> None:
                     f"seed {seed} nproc {nproc}: {res['wall_seconds']:.1f} s, return {res['final_mean_return']}",
                     flush=True,
                 )
-    ar = allreduce_times([*MODEL_SIZES.values(), 5])
+    ar = allreduce_times([*MODEL_SIZES.values(), 5, MODEL_SIZES["HalfCheetah-v5 (mlp 64x64)"] + 5])
     wall = time.perf_counter() - t0
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "ranks.json"), "w") as f:

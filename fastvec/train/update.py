@@ -209,20 +209,27 @@ class Updater:
         mb = min(cfg.minibatch_size, B)
         perm = torch.randperm(B, device=self.device) if mb < B else torch.arange(B, device=self.device)
         t, col = perm // (W * N), perm % (W * N)
-        mine, local = col // N == ranks.rank, t * N + col % N
+        mine = col // N == ranks.rank
+        # this rank's samples in the permutation's order, gathered once: each minibatch's
+        # part is then a contiguous slice, as one rank's are
+        idx = (t * N + col % N)[mine]
+        ends = torch.cumsum(mine, 0).tolist()  # this rank's samples among the first k + 1
+        rows_all, acts_all = data[idx], acts[idx]
+        obs_all = None if obs is None else obs[idx]
+        if npl is not None:
+            rows_all, acts_all = rows_all.numpy(), acts_all.numpy()
         for start in range(0, B - 1, mb):
-            if min(mb, B - start) < 2:
+            size = min(mb, B - start)
+            if size < 2:
                 continue
-            idx = local[start : start + mb][mine[start : start + mb]]
-            share = idx.numel() / min(mb, B - start)
-            if not idx.numel():
+            lo, hi = ends[start - 1] if start else 0, ends[start + size - 1]
+            share = (hi - lo) / size
+            if hi == lo:
                 yield None, share
                 continue
-            rows, a = data[idx], acts[idx]
-            if npl is not None:
-                rows, a = rows.numpy(), a.numpy()
-            o = rows[:, :D] if obs is None else obs[idx]
-            yield (o, a, rows[:, D], rows[:, D + 1], rows[:, D + 2], rows[:, D + 3]), share
+            rows = rows_all[lo:hi]
+            o = rows[:, :D] if obs_all is None else obs_all[lo:hi]
+            yield (o, acts_all[lo:hi], rows[:, D], rows[:, D + 1], rows[:, D + 2], rows[:, D + 3]), share
 
     def _rank_learn(self, part_share, clip: float, want_stats: bool, stats: dict) -> bool:
         """This rank's part of a minibatch: its gradient and statistics, weighted by its
