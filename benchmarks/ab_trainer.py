@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 
+from harness.common import cpu_model
+
 CLI = "import sys; from fastvec.cli import main; sys.exit(main())"
 BENCH = (
     "import json, statistics, sys; from fastvec.bench import build_parser, run; "
@@ -109,13 +111,7 @@ def table(rows: list[dict]) -> list[str]:
 
 
 def _machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()}"
+    return f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()}"
 
 
 def main(argv=None) -> int:
