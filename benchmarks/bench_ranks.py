@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from harness.common import cpu_model
@@ -48,12 +49,94 @@ def train(seed: int, nproc: int, steps: int, tmp: str) -> dict:
     if nproc > 1:
         argv += ["--nproc", str(nproc)]
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "fastvec", "train", *argv], capture_output=True, text=True, cwd=tmp)
-    if out.returncode:
-        raise SystemExit(f"run failed: {argv}\n{out.stderr[-2000:]}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    cmd = [sys.executable, "-m", "fastvec", "train", *argv]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
+    cpu = CpuSampler(proc.pid, ranks_are_children=nproc > 1)
+    cpu.start()
+    out, err = proc.communicate()
+    cpu.stop()
+    if proc.returncode:
+        raise SystemExit(f"run failed: {argv}\n{err[-2000:]}")
+    res = json.loads(out.strip().splitlines()[-1])
     res["process_wall_s"] = time.perf_counter() - t0
+    res["cpu"] = cpu.by_role()
     return res
+
+
+# Thread names torch's gloo process group gives its threads (the TCP transport's event loop
+# and the process group's work queue).
+GLOO_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")
+
+
+class CpuSampler(threading.Thread):
+    """CPU seconds and voluntary context switches of every thread of a run's process tree,
+    read from /proc every 0.1 s (each thread's last reading counts: a thread that ends
+    between two readings loses at most 0.1 s), summed by role: the ranks' main threads,
+    their gloo threads, their other threads, the env workers, the launcher."""
+
+    def __init__(self, root: int, ranks_are_children: bool):
+        super().__init__(daemon=True)
+        self.root, self.ranks_are_children = root, ranks_are_children
+        self.last: dict = {}
+        self._done = threading.Event()
+        self._hz = os.sysconf("SC_CLK_TCK")
+
+    def run(self) -> None:
+        while not self._done.wait(0.1):
+            self._read()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+    def _children(self, pid: int) -> list[int]:
+        kids: list[int] = []
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids += [int(k) for k in f.read().split()]
+        except OSError:
+            pass
+        return kids
+
+    def _read(self) -> None:
+        ranks = self._children(self.root) if self.ranks_are_children else [self.root]
+        procs = [(pid, "rank") for pid in ranks] + [(w, "env workers") for r in ranks for w in self._children(r)]
+        if self.ranks_are_children:
+            procs.append((self.root, "launcher"))
+        for pid, role in procs:
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                        stat = f.read()
+                    with open(f"/proc/{pid}/task/{tid}/status") as f:
+                        status = f.read()
+                except OSError:
+                    continue
+                name = stat[stat.index("(") + 1 : stat.rindex(")")]
+                fields = stat[stat.rindex(")") + 2 :].split()
+                seconds = (int(fields[11]) + int(fields[12])) / self._hz
+                switches = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+                self.last[(pid, tid)] = (self._role(role, pid, tid, name), seconds, switches)
+
+    @staticmethod
+    def _role(role: str, pid: int, tid: str, name: str) -> str:
+        if role != "rank":
+            return role
+        if name in GLOO_THREADS:
+            return "ranks' gloo threads"
+        return "ranks' main threads" if str(pid) == tid else "ranks' other threads"
+
+    def by_role(self) -> dict:
+        out: dict = {}
+        for role, seconds, switches in self.last.values():
+            s, c = out.get(role, (0.0, 0))
+            out[role] = (s + seconds, c + switches)
+        return {role: {"cpu_s": round(s, 2), "switches": c} for role, (s, c) in sorted(out.items())}
 
 
 def _allreduce_child(rank: int, port: int, sizes: list[int], reps: int, q) -> None:
@@ -143,7 +226,40 @@ def report(runs: dict, ar: dict, args, wall: float) -> str:
         f"{in_run:.1f} s each rank spent in collectives during the run and the {two - one:+.1f} s the 2-rank run "
         "took over the 1-rank one.",
     ]
+    lines += ["", *cpu_table(runs, r2["grad_steps"])]
     return "\n".join(lines) + "\n"
+
+
+def cpu_table(runs: dict, all_reduces: int) -> list[str]:
+    """CPU seconds by role, summed over the run's processes (medians over seeds), and what
+    the ranks' gloo threads cost per all-reduce."""
+    roles = sorted({role for rs in runs.values() for r in rs for role in r["cpu"]})
+    names = list(runs)
+    lines = [
+        "CPU seconds by role, all processes of a run (medians over seeds; voluntary context switches in brackets):",
+        "",
+        "| role | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for role in [*roles, "all"]:
+        cells = []
+        for rs in runs.values():
+            pick = (lambda r: list(r["cpu"].values())) if role == "all" else (lambda r: [r["cpu"].get(role)])
+            got = [[x for x in pick(r) if x] for r in rs]
+            s = statistics.median(sum(x["cpu_s"] for x in g) for g in got)
+            c = statistics.median(sum(x["switches"] for x in g) for g in got)
+            cells.append(f"{s:.1f} ({c:,.0f})" if any(got) else "")
+        lines.append(f"| {role} | " + " | ".join(cells) + " |")
+    gloo = [r["cpu"].get("ranks' gloo threads") for r in runs["2 ranks x 4 envs"]]
+    s = statistics.median(g["cpu_s"] for g in gloo)
+    c = statistics.median(g["switches"] for g in gloo)
+    lines += [
+        "",
+        f"Per all-reduce, both ranks together: {s / all_reduces * 1e6:,.0f} us of CPU and {c / all_reduces:.1f} "
+        "voluntary context switches in the gloo threads alone (each a sleeping thread woken), on a machine whose "
+        "two cores the one-rank run already keeps busy.",
+    ]
+    return lines
 
 
 def main() -> None:
