@@ -4,6 +4,8 @@ Front doors:
 
 - ``fastvec.AsyncVectorEnv``: a ``gymnasium.vector.VectorEnv``.
 - ``fastvec.SubprocVecEnv``: Stable-Baselines3's ``VecEnv`` API (SB3 optional).
+- ``fastvec.AgentVectorEnv``, ``fastvec.AgentVecEnv``: the same for PettingZoo
+  ``ParallelEnv`` copies, one row per agent.
 
 Both run on ``fastvec.Engine``. ``fastvec.gae`` computes GAE over ``[T, N]`` rollouts,
 ``fastvec.vtrace`` its off-policy counterpart (V-trace's importance-clipped targets).
@@ -23,6 +25,8 @@ _LAZY = {
     "AsyncVectorEnv": ("fastvec.doors.gymnasium", "AsyncVectorEnv"),
     "SubprocVecEnv": ("fastvec.doors.sb3", "SubprocVecEnv"),
     "PlacementReport": ("fastvec._core.placement", "PlacementReport"),
+    "AgentVectorEnv": ("fastvec.doors.agents", "AgentVectorEnv"),
+    "AgentVecEnv": ("fastvec.doors.sb3_agents", "AgentVecEnv"),
 }
 
 __all__ = ["WorkerError", "ClosedError", "gae", "gae_from_dones", "vtrace", *_LAZY]
