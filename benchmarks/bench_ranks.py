@@ -244,8 +244,7 @@ def cpu_table(runs: dict, all_reduces: int) -> list[str]:
     for role in [*roles, "all"]:
         cells = []
         for rs in runs.values():
-            pick = (lambda r: list(r["cpu"].values())) if role == "all" else (lambda r: [r["cpu"].get(role)])
-            got = [[x for x in pick(r) if x] for r in rs]
+            got = [[x for x in (r["cpu"].values() if role == "all" else [r["cpu"].get(role)]) if x] for r in rs]
             s = statistics.median(sum(x["cpu_s"] for x in g) for g in got)
             c = statistics.median(sum(x["switches"] for x in g) for g in got)
             cells.append(f"{s:.1f} ({c:,.0f})" if any(got) else "")

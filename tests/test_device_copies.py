@@ -87,6 +87,12 @@ ENVS = {  # policy kinds: numpy acting and learner; Gaussian with an observation
     "cartpole": (lambda: gym.make("CartPole-v1"), {}),
     "pendulum": (_pendulum, {"normalize_obs": True, "normalize_reward": True}),
     "image": (lambda: ImageEnv(shape=(36, 36, 2)), {}),
+    # recurrent cores: states recorded on the device, starts from the host's flags
+    "pendulum+lstm": (
+        _pendulum,
+        {"normalize_obs": True, "normalize_reward": True, "policy_core": "lstm", "core_size": 16, "bptt": 8},
+    ),
+    "image+gru": (lambda: ImageEnv(shape=(36, 36, 2)), {"policy_core": "gru", "core_size": 16}),
 }
 
 

@@ -81,7 +81,14 @@ def iterate(ppo: PPO, n: int) -> None:
 
 
 # ============================================================================ exactness
-@pytest.mark.parametrize("changes", [{}, {"normalize_obs": True, "normalize_reward": True, "ent_coef": 0.01}])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"normalize_obs": True, "normalize_reward": True, "ent_coef": 0.01},
+        {"policy_core": "lstm", "core_size": 16, "normalize_obs": True},  # the states restart with the episodes
+    ],
+)
 def test_resume_is_exact(tmp_path, changes):
     """Checkpoint after N updates; the same process then resets its envs and runs M more,
     a fresh PPO resumes from the file, resets the envs the same way and runs M: the

@@ -50,8 +50,79 @@ def child_sb3(env_id: str, seed: int, hp: dict, threshold: float, max_steps: int
     _warm_torch()
     import torch
     from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+
+    n_envs, kw = _sb3_kwargs(hp)
+    t0 = time.perf_counter()
+    env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kw)
+    cb = _stop_at(threshold)
+    model.learn(max_steps, callback=cb)
+    wall = time.perf_counter() - t0
+    env.close()
+    return {
+        "solved": cb.solved,
+        "env_steps": int(model.num_timesteps),
+        "wall_seconds": wall,
+        "sps": model.num_timesteps / wall,
+        "final_mean_return": float(np.mean(cb.rets)) if cb.rets else None,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def child_sb3_recurrent(env_id: str, seed: int, threshold: float, max_steps: int) -> dict:
+    """sb3-contrib's RecurrentPPO with RL Zoo's hyperparameters for CartPoleNoVel-v1
+    (MlpLstmPolicy, 8 envs, VecNormalize of the observations) until the mean return of
+    the last 20 episodes reaches ``threshold``; its linear schedules over ``max_steps``."""
+    _warm_torch()
+    import torch
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    import fastvec.train  # noqa: F401  (registers CartPoleNoVel-v1, RL Zoo's definition)
+
+    stop = _stop_at(threshold)
+    t0 = time.perf_counter()
+    env = VecNormalize(make_vec_env(env_id, n_envs=8, seed=seed), norm_obs=True, norm_reward=False)
+    _n, kw = _sb3_kwargs(
+        dict(
+            n_envs=8,
+            n_steps=32,
+            batch_size=256,
+            gamma=0.98,
+            gae_lambda=0.8,
+            n_epochs=20,
+            ent_coef=0.0,
+            lr=("lin", 1e-3),
+            clip_range=("lin", 0.2),
+        )
+    )
+    policy_kwargs = dict(
+        ortho_init=False,
+        activation_fn=torch.nn.ReLU,
+        lstm_hidden_size=64,
+        enable_critic_lstm=True,
+        net_arch=dict(pi=[64], vf=[64]),
+    )
+    model = RecurrentPPO("MlpLstmPolicy", env, seed=seed, device="cpu", verbose=0, policy_kwargs=policy_kwargs, **kw)
+    model.learn(max_steps, callback=stop)
+    wall = time.perf_counter() - t0
+    env.close()
+    return {
+        "solved": stop.solved,
+        "env_steps": int(model.num_timesteps),
+        "wall_seconds": wall,
+        "sps": model.num_timesteps / wall,
+        "final_mean_return": float(np.mean(stop.rets)) if stop.rets else None,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _stop_at(threshold: float):
+    """An SB3 callback that stops once the mean return of the last 20 episodes reaches
+    ``threshold`` (``solved``; ``rets``: those returns)."""
+    from stable_baselines3.common.callbacks import BaseCallback
 
     class Stop(BaseCallback):
         def __init__(self):
@@ -69,22 +140,7 @@ def child_sb3(env_id: str, seed: int, hp: dict, threshold: float, max_steps: int
                 return False
             return True
 
-    n_envs, kw = _sb3_kwargs(hp)
-    t0 = time.perf_counter()
-    env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
-    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kw)
-    cb = Stop()
-    model.learn(max_steps, callback=cb)
-    wall = time.perf_counter() - t0
-    env.close()
-    return {
-        "solved": cb.solved,
-        "env_steps": int(model.num_timesteps),
-        "wall_seconds": wall,
-        "sps": model.num_timesteps / wall,
-        "final_mean_return": float(np.mean(cb.rets)) if cb.rets else None,
-        "threads": torch.get_num_threads(),
-    }
+    return Stop()
 
 
 # =============================================================================== fastvec's trainer
@@ -199,4 +255,4 @@ def child_pong(num_envs: int, num_workers: int | None, steps: int, train_rollout
     return out
 
 
-CHILDREN = {"sb3": child_sb3, "fastvec": child_fastvec, "pong": child_pong}
+CHILDREN = {"sb3": child_sb3, "sb3_recurrent": child_sb3_recurrent, "fastvec": child_fastvec, "pong": child_pong}

@@ -177,6 +177,8 @@ def policy_from_checkpoint(ckpt: dict) -> ActorCritic:
         ortho_init=False,
         log_std_init=c["log_std_init"],
         normalize_obs=c["normalize_obs"],
+        core=c.get("policy_core", "none"),
+        core_size=c.get("core_size", 128),
     )
     pol.load_state_dict(upgrade_state_dict(ckpt["state_dict"], ckpt.get("format", CHECKPOINT_FORMAT)))
     pol.eval()

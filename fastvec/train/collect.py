@@ -10,7 +10,8 @@ actions back after it.
 
 Two ways through a rollout: **lock-step** (act on every env's observations of step t,
 then step them all) and **by groups** (``env_groups``: group g's step t is in flight
-while the policy acts on the other groups').
+while the policy acts on the other groups'). A recurrent policy acts in lock-step with
+each env's state (``_recurrent``), zeroed where an episode starts.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ class Collector:
         views = rollout.steps_by_group()
         with torch.inference_mode():
             self._draw_noise(rollout.noise)
-            if views is not None:
+            if rollout.memory:
+                t_act, t_env = self._recurrent(rollout)
+            elif views is not None:
                 t_act, t_env = self._by_groups(rollout, views)
             else:
                 t_act, t_env = self._lockstep(rollout)
@@ -95,6 +98,34 @@ class Collector:
             t1 = perf()
             step(t + 1)
             t_env += perf() - t1
+            t_act += t1 - t0
+        return t_act, t_env
+
+    def _recurrent(self, rollout: Rollout) -> tuple[float, float]:
+        """``_lockstep`` for a recurrent policy: step t acts with the states fed at t
+        (``rollout.states[t]``) and leaves the actor's into ``states[t + 1]``, which the
+        episodes that end there zero (``mark_starts``)."""
+        act, step, copies = self.policy.act_recurrent, rollout.storage.step, rollout.copies
+        states, begin, end, hook = rollout.states, self.busy.begin, self.busy.end, self.between_steps
+        perf = time.perf_counter
+        t_act = t_env = 0.0
+        rollout.begin_sequences()
+        for t, slots in enumerate(rollout.steps):
+            obs, obs_h, noise, a, act_h, raw, _logp, _value = slots
+            t0 = perf()
+            if hook is not None:
+                hook(t)
+            if copies:
+                span = begin()
+                obs.copy_(obs_h, non_blocking=True)
+            act(obs, states[t], states[t + 1], noise, a, raw)
+            if copies:
+                end(span)
+                act_h.copy_(a)
+            t1 = perf()
+            step(t + 1)
+            t_env += perf() - t1
+            rollout.mark_starts(t + 1)
             t_act += t1 - t0
         return t_act, t_env
 

@@ -20,6 +20,15 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from .validation import (
+    ConfigError,
+    check_core,
+    check_pipeline,
+    check_schedule,
+    check_schedule_pair,
+    positive_int,
+)
+
 __all__ = [
     "PPOConfig",
     "TransportConfig",
@@ -32,20 +41,7 @@ __all__ = [
 ]
 
 
-LR_SCHEDULES = ("linear", "constant", "adaptive")
-PIPELINES = ("lockstep", "async")
-TARGETS = ("auto", "gae", "vtrace")
-PROXIMAL = ("acting", "learner")
 PLACEMENTS = (None, "contiguous", "balanced")
-
-
-class ConfigError(ValueError):
-    """A bad configuration value or key (reported as a one-line error by the CLI)."""
-
-
-def _pos_int(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {v!r}")
 
 
 @dataclass
@@ -79,9 +75,9 @@ class TransportConfig:
     wait forever. Applies to fastvec's own envs (engine and Ray), not to a vector env passed in."""
 
     def validate(self, num_envs: int) -> TransportConfig:
-        _pos_int("env_groups", self.env_groups)
+        positive_int("env_groups", self.env_groups)
         if self.num_workers is not None:
-            _pos_int("num_workers", self.num_workers)
+            positive_int("num_workers", self.num_workers)
             if self.num_workers > num_envs:
                 raise ConfigError(f"num_workers={self.num_workers} exceeds num_envs={num_envs}")
         v = self.step_timeout
@@ -108,15 +104,6 @@ class TransportConfig:
 
 
 TRANSPORT_KEYS = tuple(f.name for f in dataclasses.fields(TransportConfig))
-
-
-def check_schedule_pair(anneal_lr, lr_schedule) -> None:
-    """ConfigError where ``anneal_lr`` and ``lr_schedule``, given together, disagree."""
-    if bool(anneal_lr) != (lr_schedule == "linear"):
-        raise ConfigError(
-            f"anneal_lr={str(anneal_lr).lower()} contradicts lr_schedule={lr_schedule} "
-            "(anneal_lr is its older spelling: true is linear, false any other schedule); give one of them"
-        )
 
 
 T = TypeVar("T")
@@ -246,6 +233,15 @@ class PPOConfig:
     """Initial log standard deviation of Gaussian actions."""
     normalize_obs: bool = False
     """Running mean/std normalisation of observations (inside the policy)."""
+    policy_core: str = "none"
+    """Memory between the encoder and the heads: none, lstm or gru (``fastvec.train.cores``;
+    the MLP's actor and critic each get one, the CNN's shared body one)."""
+    core_size: int = 128
+    """Units of the recurrent core (policy_core lstm or gru)."""
+    bptt: int | None = None
+    """With a recurrent core: the steps of the sequences PPO's epochs replay (truncated
+    backpropagation through time), each env's rollout cut into ``n_steps / bptt`` of them,
+    each from the state recorded at its start; None: ``n_steps`` (whole rollouts)."""
     normalize_reward: bool = False
     """Scale rewards by the running std of the discounted return (as SB3's VecNormalize)."""
     # ---- the pipeline (fastvec.train.pipeline)
@@ -354,11 +350,11 @@ class PPOConfig:
             "max_restarts",
             "restart_window",
         ):
-            _pos_int(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         self.transport.validate(self.num_envs)
         for name in ("torch_threads", "learn_threads", "lr_horizon"):
             if getattr(self, name) is not None:
-                _pos_int(name, getattr(self, name))
+                positive_int(name, getattr(self, name))
         v = self.checkpoint_every
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
             raise ConfigError(
@@ -372,8 +368,9 @@ class PPOConfig:
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a positive number, got {v!r}")
-        self._validate_schedule()
-        self._validate_pipeline()
+        check_schedule(self)
+        check_pipeline(self)
+        check_core(self)
         for name in ("ent_coef", "vf_coef"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
@@ -399,47 +396,6 @@ class PPOConfig:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         return self
-
-    def _validate_pipeline(self) -> None:
-        if self.pipeline not in PIPELINES:
-            raise ConfigError(f"pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}")
-        v = self.max_policy_lag
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise ConfigError(f"max_policy_lag must be a non-negative integer (updates), got {v!r}")
-        v = self.rollout_buffers
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 2:
-            raise ConfigError(
-                f"rollout_buffers must be an integer of at least 2 (one rollout fills while the learner reads another), got {v!r}"
-            )
-        if self.targets not in TARGETS:
-            raise ConfigError(f"targets must be one of {', '.join(TARGETS)}, got {self.targets!r}")
-        if self.targets == "vtrace" and self.pipeline != "async":
-            raise ConfigError(f"targets={self.targets} needs pipeline=async (lock-step learns on-policy: gae)")
-        if self.values_of not in ("acting", "learner"):
-            raise ConfigError(f"values_of must be acting or learner, got {self.values_of!r}")
-        if self.proximal_policy not in PROXIMAL:
-            raise ConfigError(f"proximal_policy must be one of {', '.join(PROXIMAL)}, got {self.proximal_policy!r}")
-        for name in ("vtrace_rho_bar", "vtrace_c_bar"):
-            v = getattr(self, name)
-            if not v > 0:  # inf allowed: no clipping
-                raise ConfigError(f"{name} must be a positive number (inf allowed), got {v!r}")
-
-    def _validate_schedule(self) -> None:
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
-        for name in ("lr_kl_target", "lr_min", "lr_max"):
-            v = getattr(self, name)
-            if not (v > 0 and math.isfinite(v)):
-                raise ConfigError(f"{name} must be a positive number, got {v!r}")
-        if not (self.lr_factor > 1 and math.isfinite(self.lr_factor)):
-            raise ConfigError(f"lr_factor must be a number above 1, got {self.lr_factor!r}")
-        if self.lr_min > self.lr_max:
-            raise ConfigError(f"lr_min={self.lr_min!r} exceeds lr_max={self.lr_max!r}")
-        if self.lr_schedule == "adaptive" and not self.lr_min <= self.lr <= self.lr_max:
-            raise ConfigError(
-                f"lr={self.lr!r} is outside [lr_min, lr_max] = [{self.lr_min!r}, {self.lr_max!r}] "
-                "(the adaptive schedule starts at lr and stays within them)"
-            )
 
     def to_dict(self) -> dict:
         """Every ``--set`` key and its value, flat (the transport's keys where they were

@@ -116,14 +116,17 @@ def _episodes(venv, pol, group, episodes: int, seed: int, deterministic: bool):
     ep_ret, ep_len = np.zeros(n), np.zeros(n, np.int64)
     returns, lengths, groups = [], [], []
     obs, _ = venv.reset(seed=seed)
+    state = torch.zeros(n, pol.state_size) if pol.recurrent else None  # a recurrent policy's memory
     t0 = time.perf_counter()
     while (counts < targets).any():
-        act = pol.predict(obs, deterministic=deterministic)
+        act = pol.predict(obs, deterministic=deterministic, state=state)
         if isinstance(venv.single_action_space, gym.spaces.Box):
             act = act.astype(venv.single_action_space.dtype)
         obs, r, term, trunc, _ = venv.step(act)
         ep_ret += r
         ep_len += 1
+        if state is not None:
+            state[torch.from_numpy(term | trunc)] = 0.0
         for i in np.flatnonzero(term | trunc):
             if counts[i] < targets[i]:
                 returns.append(float(ep_ret[i]))

@@ -59,6 +59,8 @@ class NumpyLearner:
     @staticmethod
     def why_not(policy: ActorCritic, device: torch.device, learn_threads: int) -> str | None:
         """None when this learner computes ``policy``'s update; else why it cannot."""
+        if policy.recurrent:
+            return f"it has no recurrent core (policy_core is {policy.core_kind})"
         if policy.kind != "mlp" or not policy.packable_obs:
             return "it needs an MLP policy over a Box observation"
         for side in ("actor", "critic"):

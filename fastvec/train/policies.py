@@ -1,6 +1,6 @@
 """Actor-critic policies for the PPO trainer, chosen from the spaces, in three pieces:
-an **encoder** (``fastvec.train.encoders``), a **core** (``fastvec.train.cores``; today the
-identity) and the **heads** (a linear layer to the action distribution's parameters,
+an **encoder** (``fastvec.train.encoders``), a **core** (``fastvec.train.cores``: none, or
+an LSTM or GRU: ``policy_core``) and the **heads** (a linear layer to the action distribution's parameters,
 ``fastvec.train.distributions``, and one to the value).
 
 - Observations: an MLP encoder for vector observations (any non-image ``Box``,
@@ -23,9 +23,16 @@ trainer computes values and log-probabilities for the whole rollout in one batch
 afterwards, which is exact because the policy does not change during a rollout. With a
 shared body (CNN) the value and log-probability come from the same forward pass and are
 stored per step.
+
+With a recurrent core (``recurrent``) acting steps the actor's core with the state each
+env was fed (``act_recurrent``); the critic's core, and every value and old log-prob, come
+from one pass over the whole rollout afterwards (``params_and_value`` of ``Sequences``),
+which also records the states PPO's epochs replay their sequences from.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -33,12 +40,23 @@ import torch.nn as nn
 from gymnasium import spaces
 
 from .acting import ActingPath, build_acting_path, vector_input
-from .cores import IdentityCore
+from .cores import make_core
 from .distributions import GaussianDist, make_dist
 from .encoders import ACTIVATIONS, NatureCNN, RunningNorm, mlp_encoder, orthogonal
 from .ranks import SOLO, Ranks
 
-__all__ = ["ActorCritic", "Body", "make_policy", "is_image_space", "describe_policy", "ACTIVATIONS"]
+__all__ = ["ActorCritic", "Body", "Sequences", "make_policy", "is_image_space", "describe_policy", "ACTIVATIONS"]
+
+
+class Sequences(NamedTuple):
+    """``B`` sequences of ``L`` steps for a recurrent policy's batched passes: the
+    observations ``[L, B, ...]``, the state fed at step 0 ``[B, state_size]`` and where
+    episodes start ``[L, B]`` (bool). Results over them are flat, step-major: row
+    ``t * B + b`` is step ``t`` of sequence ``b``."""
+
+    obs: torch.Tensor
+    state: torch.Tensor
+    starts: torch.Tensor
 
 
 def is_image_space(space: spaces.Space) -> bool:
@@ -108,6 +126,8 @@ class ActorCritic(nn.Module):
         log_std_init: float = 0.0,
         normalize_obs: bool = False,
         cnn_features: int = 512,
+        core: str = "none",
+        core_size: int = 128,
     ):
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -118,6 +138,8 @@ class ActorCritic(nn.Module):
         self.kind = "cnn" if self.image else "mlp"
         self.obs_norm = None
         self.one_hot = False
+        self.core_kind, self.core_size = core, int(core_size)
+        self.recurrent = core != "none"
         # The pieces are made (and their random initial weights drawn) in the order they
         # are registered: the actor's body and head, then the critic's.
         if self.image:
@@ -126,7 +148,10 @@ class ActorCritic(nn.Module):
             self._separate_bodies(obs_space, hidden, critic_hidden, activation, ortho_init)
             if normalize_obs and not self.one_hot:
                 self.obs_norm = RunningNorm(self.obs_dim)
-        self.values_at_act = self.image
+        self.values_at_act = self.image and not self.recurrent
+        sizes = [m.core.state_size for m in self._bodies()]
+        self.state_size = sum(sizes)  # recurrent state per env: the actor's core's, then the critic's
+        self._actor_state = sizes[0]  # the actor's core's share of a state row
         # Small float-convertible vector observations can be packed with the other
         # per-sample training data (one gather per epoch; see fastvec.train.update).
         self.packable_obs = (
@@ -137,9 +162,10 @@ class ActorCritic(nn.Module):
     def _shared_body(self, obs_space, features: int) -> None:
         self.hwc = _image_layout(obs_space.shape) == "hwc"
         c, h, w = obs_space.shape if not self.hwc else (obs_space.shape[2], *obs_space.shape[:2])
-        self.body = Body(NatureCNN(c, h, w, features), IdentityCore())
-        self.actor_head = orthogonal(nn.Linear(features, self.dist.n_params), 0.01)
-        self.critic_head = orthogonal(nn.Linear(features, 1), 1.0)
+        self.body = Body(NatureCNN(c, h, w, features), make_core(self.core_kind, features, self.core_size))
+        out = self.core_size if self.recurrent else features
+        self.actor_head = orthogonal(nn.Linear(out, self.dist.n_params), 0.01)
+        self.critic_head = orthogonal(nn.Linear(out, 1), 1.0)
 
     def _separate_bodies(self, obs_space, hidden, critic_hidden, activation: str, ortho: bool) -> None:
         self.obs_dim = _flat_obs_dim(obs_space)
@@ -149,9 +175,13 @@ class ActorCritic(nn.Module):
         sizes = [self.obs_dim, *[int(h) for h in hidden]]
         critic_sizes = sizes if critic_hidden is None else [self.obs_dim, *[int(h) for h in critic_hidden]]
         for side, sz, out, gain in (("actor", sizes, self.dist.n_params, 0.01), ("critic", critic_sizes, 1, 1.0)):
-            setattr(self, f"{side}_body", Body(mlp_encoder(sz, activation, ortho), IdentityCore()))
-            head = nn.Linear(sz[-1], out)
+            core = make_core(self.core_kind, sz[-1], self.core_size)
+            setattr(self, f"{side}_body", Body(mlp_encoder(sz, activation, ortho), core))
+            head = nn.Linear(self.core_size if self.recurrent else sz[-1], out)
             setattr(self, f"{side}_head", orthogonal(head, gain) if ortho else head)
+
+    def _bodies(self) -> list[Body]:
+        return [self.body] if self.image else [self.actor_body, self.critic_body]
 
     def stack(self, side: str) -> list[nn.Module]:
         """An MLP side's modules in the order they compute (``side``: actor or critic):
@@ -191,7 +221,12 @@ class ActorCritic(nn.Module):
         x = self.preprocess(obs)
         return self.critic_head(self.body(x) if self.image else self.critic_body(x)).squeeze(-1)
 
-    def params_and_value(self, obs: torch.Tensor):
+    def params_and_value(self, obs):
+        """The distribution's parameters and the values of ``obs``: a batch of
+        observations, or ``Sequences`` (a recurrent policy's; flat, step-major)."""
+        if isinstance(obs, Sequences):
+            params, v, _left = self.sequence_pass(obs)
+            return params, v
         fa, fc = self.features(self.preprocess(obs))
         return self.actor_head(fa), self.critic_head(fc).squeeze(-1)
 
@@ -202,6 +237,44 @@ class ActorCritic(nn.Module):
 
     def log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return self.dist.log_prob(self.actor_params(obs), actions)
+
+    # -------------------------------------------------------------- memory
+    def sequence_pass(self, seq: Sequences, need=()):
+        """A recurrent policy over ``seq``: (parameters ``[L B, P]``, values ``[L B]``,
+        ``{t: the states its cores left after step t}`` for ``t`` in ``need``, rows of
+        ``state_size``)."""
+        L, B = seq.starts.shape
+        x = self.preprocess(seq.obs.reshape(L * B, *seq.obs.shape[2:]))
+        if self.image:
+            y, left = self.body.core.sequence(self.body.encoder(x).view(L, B, -1), seq.state, seq.starts, need)
+            y = y.reshape(L * B, -1)
+            return self.actor_head(y), self.critic_head(y).squeeze(-1), left
+        k = self._actor_state
+        (ya, la), (yc, lc) = (
+            body.core.sequence(body.encoder(x).view(L, B, -1), state, seq.starts, need)
+            for body, state in ((self.actor_body, seq.state[:, :k]), (self.critic_body, seq.state[:, k:]))
+        )
+        params = self.actor_head(ya.reshape(L * B, -1))
+        left = {t: torch.cat([la[t], lc[t]], 1) for t in need}
+        return params, self.critic_head(yc.reshape(L * B, -1)).squeeze(-1), left
+
+    def value_fed(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """A recurrent policy's values of ``obs`` fed with ``state`` (rows of
+        ``state_size``): a truncated episode's final observation, bootstrapped."""
+        x = self.preprocess(obs)
+        body = self.body if self.image else self.critic_body
+        y, _ = body.core.step(body.encoder(x), state if self.image else state[:, self._actor_state :])
+        return self.critic_head(y).squeeze(-1)
+
+    def act_recurrent(self, obs, state, state_out, noise, act_out, raw_out=None, deterministic: bool = False):
+        """One acting step of a recurrent policy (under ``torch.inference_mode()``): the
+        actor's core fed ``state`` (rows of ``state_size``) writes the state it leaves
+        into ``state_out``'s actor columns; actions into ``act_out`` as ``act_``."""
+        x = self.preprocess(obs)
+        body, k = (self.body, self.state_size) if self.image else (self.actor_body, self._actor_state)
+        y, left = body.core.step(body.encoder(x), state[:, :k])
+        state_out[:, :k].copy_(left)
+        self.dist.act_(self.actor_head(y), noise, act_out, raw_out, deterministic)
 
     def _apply(self, fn, *args, **kwargs):
         self._acting = None  # parameters may be replaced (.to(device), ...)
@@ -243,8 +316,12 @@ class ActorCritic(nn.Module):
         if logp_out is not None:
             logp_out.copy_(self.dist.log_prob(params, raw))
 
-    def predict(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
-        """Convenience for evaluation: batched numpy observations -> numpy actions."""
+    def predict(self, obs: np.ndarray, deterministic: bool = True, state: torch.Tensor | None = None) -> np.ndarray:
+        """Convenience for evaluation: batched numpy observations -> numpy actions. A
+        recurrent policy needs ``state`` (``[n, state_size]``, zeros at an episode's
+        start), which it advances in place."""
+        if self.recurrent and state is None:
+            raise ValueError("a recurrent policy predicts with its state: pass state=torch.zeros(n, policy.state_size)")
         with torch.inference_mode():
             dev = next(self.parameters()).device
             o = torch.as_tensor(np.asarray(obs), device=dev)
@@ -255,7 +332,10 @@ class ActorCritic(nn.Module):
                 device=dev,
             )
             noise = self.dist.sample_noise(torch.empty(self.dist.noise_shape(n), device=dev))
-            self.dist.act_(self.actor_params(o), noise, out, None, deterministic)
+            if self.recurrent:
+                self.act_recurrent(o, state, state, noise, out, None, deterministic)
+            else:
+                self.dist.act_(self.actor_params(o), noise, out, None, deterministic)
             return out.cpu().numpy()
 
 
@@ -269,6 +349,8 @@ def make_policy(
     ortho_init=True,
     log_std_init=0.0,
     normalize_obs=False,
+    core="none",
+    core_size=128,
 ) -> ActorCritic:
     """The policy for these spaces (see the module docstring for the rules)."""
     return ActorCritic(
@@ -280,10 +362,13 @@ def make_policy(
         ortho_init=ortho_init,
         log_std_init=log_std_init,
         normalize_obs=normalize_obs,
+        core=core,
+        core_size=core_size,
     )
 
 
 def describe_policy(policy: ActorCritic) -> str:
     dist = "gaussian" if isinstance(policy.dist, GaussianDist) else "categorical"
     n = sum(p.numel() for p in policy.parameters())
-    return f"{policy.kind}+{dist} ({n} parameters)"
+    core = f"+{policy.core_kind}" if policy.recurrent else ""
+    return f"{policy.kind}{core}+{dist} ({n} parameters)"

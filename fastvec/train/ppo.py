@@ -101,6 +101,8 @@ class PPO:
             ortho_init=cfg.ortho_init,
             log_std_init=cfg.log_std_init,
             normalize_obs=cfg.normalize_obs,
+            core=cfg.policy_core,
+            core_size=cfg.core_size,
         )
         self.policy.to(device)
         self.flat_param, self.flat_grad = flatten_parameters(self.policy)
@@ -209,6 +211,7 @@ class PPO:
         episodes in progress are dropped from the statistics and the reward normaliser's
         running returns start again."""
         self.storage.reset(seed)
+        self.rollout.restart_sequences()
         self.tracker.restart_envs()
         if self.reward_scaler is not None:
             self.reward_scaler.acc[:] = 0.0

@@ -221,6 +221,8 @@ def check_world(cfg, world: int, *, venv=None, backend: str = "engine", mix=None
         raise ValueError(f"{world} ranks each start fastvec's engine on their share of the envs, not {where}")
     if mix is not None:
         raise ValueError(f"a mix of envs runs on one rank, not {world}")
+    if cfg.policy_core != "none":
+        raise ValueError(f"policy_core={cfg.policy_core} trains on one rank, not {world} (not built yet)")
 
 
 def rank_figures(ranks: Ranks, local_steps: int, wall: float, restarts: int) -> dict:

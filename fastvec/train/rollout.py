@@ -49,6 +49,11 @@ class Rollout:
     the host arrays (None: exactly on CUDA). ``shared``: numpy arrays that hold what acting
     records, ``raw`` ``[T, N, dim]``, ``logp`` ``[T, N]`` and ``values`` ``[T + 1, N]``
     (the async pipeline's shared memory, where its learner reads them; zero copy only).
+
+    A recurrent policy's rows (``memory``): ``states`` ``[T + 1, N, state_size]``, the
+    state each env was fed at each step (``fastvec.train.cores``), and ``starts``
+    ``[T + 1, N]``, where an episode starts (the previous step ended one); slot T is the
+    next rollout's slot 0, as for the observations.
     """
 
     def __init__(
@@ -91,6 +96,11 @@ class Rollout:
             for t in range(T)
         ]
         self._by_group: list | None = None
+        self.memory = policy.recurrent
+        if self.memory:
+            self.states = torch.zeros((T + 1, self.N, policy.state_size), device=device)
+            self.starts = torch.ones((T + 1, self.N), dtype=torch.bool, device=device)
+            self._first = True  # no rollout before this one: every env starts an episode at 0
 
     def _learner_arrays(self, pin: bool) -> None:
         """Values, advantages and returns: host arrays (numpy, for ``fastvec.gae``) and,
@@ -138,6 +148,28 @@ class Rollout:
         if self._by_group is None:
             self._by_group = [[slots.rows(a, b) for slots in self.steps] for a, b in groups]
         return self._by_group
+
+    # A recurrent policy's states (no-ops without one).
+    def begin_sequences(self) -> None:
+        """Before a rollout: slot 0's states and starts are the last rollout's slot T."""
+        if self.memory and not self._first:
+            self.states[0].copy_(self.states[self.T])
+            self.starts[0].copy_(self.starts[self.T])
+        self._first = False
+
+    def restart_sequences(self) -> None:
+        """Every env starts an episode (the envs were reset): states from zero."""
+        if self.memory:
+            self.states.zero_()
+            self.starts.fill_(True)
+            self._first = True
+
+    def mark_starts(self, t: int) -> None:
+        """After the envs' step into slot ``t``: where it ended an episode, the state fed
+        at ``t`` is zero."""
+        ended = self.terminated[t] | self.truncated[t]
+        self.starts[t].copy_(ended, non_blocking=True)
+        self.states[t].mul_((~self.starts[t]).unsqueeze(-1))
 
     @property
     def cuda(self) -> bool:

@@ -28,6 +28,7 @@ from ..gae import gae
 from ..vtrace import vtrace
 from .busy import DeviceBusy
 from .config import PPOConfig
+from .policies import Sequences
 from .ranks import SOLO, Ranks
 from .rollout import Rollout
 from .runtime import Threads
@@ -140,6 +141,8 @@ class Targets:
         with the weights in place, and the values of the final observations where ``boot``
         (the truncations among them): ``(ts, ns, values)`` or None."""
         T, N, pol = ro.T, ro.N, self.policy
+        if ro.memory:
+            return self._sequence_pass(ro, boot)
         if not pol.values_at_act:
             # One batched pass (the policy did not change while acting).
             if len(rows) == T + 1:
@@ -164,6 +167,27 @@ class Targets:
         ts, ns = np.nonzero(boot)
         final = torch.from_numpy(ro.storage.final_obs[1:][ts, ns]).to(ro.device)
         return ts, ns, pol.value(final).float().cpu().numpy()
+
+    def _sequence_pass(self, ro: Rollout, boot: np.ndarray):
+        """``behaviour_pass`` of a recurrent policy (lock-step: every step, the weights
+        that acted): one pass over slots ``0..T`` from the states fed at 0 gives the
+        values and the old log-probs, and records the states fed where PPO's sequences
+        start (every ``bptt`` steps) and at slot T (the next rollout's first); a truncated
+        episode's final observation is valued with the state its last step left."""
+        T, N, pol = ro.T, ro.N, self.policy
+        L = self.cfg.bptt or T
+        ts, ns = np.nonzero(boot)
+        need = sorted({*range(L - 1, T, L), *ts.tolist()})
+        params, v, left = pol.sequence_pass(Sequences(ro.obs_dev, ro.states[0], ro.starts), need)
+        ro.values.copy_(v.view(T + 1, N))
+        ro.logp.copy_(pol.dist.log_prob(params[: T * N], ro.batch_actions()).view(T, N))
+        for t in range(L, T + 1, L):
+            ro.states[t].copy_(left[t - 1] * (~ro.starts[t]).unsqueeze(-1))
+        if not len(ts):
+            return None
+        final = torch.from_numpy(ro.storage.final_obs[1:][ts, ns]).to(ro.device)
+        fed = torch.stack([left[t][n] for t, n in zip(ts.tolist(), ns.tolist())])
+        return ts, ns, pol.value_fed(final, fed).float().cpu().numpy()
 
     def _log_rhos(self, ro: Rollout, current: torch.Tensor | None = None) -> np.ndarray:
         """log pi(a|s) - log mu(a|s) over the rollout: the current weights against the

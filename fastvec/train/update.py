@@ -11,6 +11,10 @@ observations are small vectors), so a minibatch is a contiguous slice. Advantage
 normalised over the whole batch, once. KL and clip-fraction statistics are computed in
 the last epoch only, or in every minibatch when ``target_kl`` needs them.
 
+A recurrent policy's minibatches are whole sequences (``_sequences``): each env's
+rollout cut into pieces of ``bptt`` steps, the pieces permuted, each replayed from the
+state recorded at its start.
+
 With several ranks (``fastvec.train.ranks``) the update is the whole run's: the
 advantages are normalised over every rank's batch, the permutation is of the whole
 batch (each rank takes its samples of each minibatch, ``_rank_minibatches``), and each
@@ -34,6 +38,7 @@ from .losses import AutogradMinibatch
 from .lr_schedule import LRSchedule, mean_kl
 from .numpy_learner import NumpyLearner
 from .optim import FlatAdam
+from .policies import Sequences
 from .ranks import SOLO, Ranks
 from .rollout import Rollout
 from .runtime import Threads
@@ -98,6 +103,7 @@ class Updater:
         self.opt.lr = lr = self.lr_schedule.rate(self.updates)
         clip = max(cfg.clip_coef * frac if cfg.anneal_clip else cfg.clip_coef, 1e-8)
         data, obs, acts, D = self._samples(rollout, adv_weights)
+        self._rollout = rollout  # for the sequences' recorded states
         npl = self.np_learner
         with npl.one_blas_thread() if npl is not None else contextlib.nullcontext():
             stats, epochs_done, stop, n_mb, kl_from = self._epochs(data, obs, acts, D, clip)
@@ -154,6 +160,8 @@ class Updater:
         cfg = self.cfg
         learn = self._learn if self.ranks.solo else self._rank_learn
         minibatches = self._minibatches if self.ranks.solo else self._rank_minibatches
+        if self.policy.recurrent:
+            minibatches = self._sequences
         stats: dict = collections.defaultdict(list)
         stop = False
         epochs_done = kl_from = n_mb = 0
@@ -188,6 +196,34 @@ class Updater:
                 continue
             o = rows[:, :D] if obs is None else obs[start : start + mb]
             yield o, acts[start : start + mb], rows[:, D], rows[:, D + 1], rows[:, D + 2], rows[:, D + 3]
+
+    def _sequences(self, data, obs, acts, D: int):
+        """``_minibatches`` of a recurrent policy: each env's rollout cut into sequences of
+        ``bptt`` steps (sequence ``c``: env ``c % N``, from step ``(c // N) bptt``), the
+        sequences permuted, a minibatch ``minibatch_size / bptt`` of them, its
+        observations as ``Sequences`` from the states recorded at their starts (its other
+        columns flat, step-major, as ``Sequences`` results are)."""
+        ro, cfg, dev = self._rollout, self.cfg, self.device
+        T, N = ro.T, ro.N
+        L = cfg.bptt or T
+        C = N * (T // L)
+        per = max(1, min(cfg.minibatch_size, T * N) // L)
+        order = torch.randperm(C, device=dev) if per < C else torch.arange(C, device=dev)
+        first, env = (order // N) * L, order % N
+        steps = first + torch.arange(L, device=dev).unsqueeze(1)  # [L, C]: each sequence's steps
+        rows = steps * N + env  # their samples
+        for a in range(0, C, per):
+            r = rows[:, a : a + per].reshape(-1)
+            if r.numel() < 2:
+                continue
+            cols = data[r]
+            o = cols[:, :D] if obs is None else obs[r]
+            seq = Sequences(
+                o.view(L, -1, *o.shape[1:]),
+                ro.states[first[a : a + per], env[a : a + per]],
+                ro.starts[steps[:, a : a + per], env[a : a + per]],
+            )
+            yield seq, acts[r], cols[:, D], cols[:, D + 1], cols[:, D + 2], cols[:, D + 3]
 
     def _minibatch(self, *args) -> bool:
         """A minibatch's loss and gradient: numpy's where it covers the policy, else autograd's."""
