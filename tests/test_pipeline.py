@@ -69,11 +69,30 @@ def _assert_same_run(a: dict, b: dict, ra: dict, rb: dict) -> None:
 # ============================================================================ lag 0 = lock-step
 @pytest.mark.parametrize(
     "which",
-    ["cartpole", "pendulum_normalised", "cartpole_groups", "cartpole_two_learner_threads"],
+    [
+        "cartpole",
+        "pendulum_normalised",
+        "cartpole_groups",
+        "cartpole_two_learner_threads",
+        "pendulum_lstm",
+        "cartpole_gru",
+    ],
 )
 def test_lag_0_is_the_lockstep_run_bit_for_bit(tmp_path, which):
     if which == "pendulum_normalised":
         make, env = _pendulum_cfg, "Pendulum-v1"
+    elif which == "pendulum_lstm":  # recurrent: the states acting records, the critic's carried by the learner
+
+        def make(**c):
+            return _pendulum_cfg(policy_core="lstm", core_size=16, bptt=16, **c)
+
+        env = "Pendulum-v1"
+    elif which == "cartpole_gru":
+
+        def make(**c):
+            return cartpole_cfg(total_steps=6000, stop_at_return=None, policy_core="gru", core_size=16, **c)
+
+        env = "CartPole-v1"
     else:
         extra = {"env_groups": 2, "num_workers": 2} if which == "cartpole_groups" else {}
         if which == "cartpole_two_learner_threads":  # the forked learner becomes a fresh interpreter
@@ -110,20 +129,27 @@ def test_lag_0_check_fails_when_the_wrong_rollout_is_handed_over(tmp_path, monke
         _assert_same_run(a, b, ra, rb)
 
 
-def test_lag_0_with_the_learners_separate_buffers(tmp_path, monkeypatch):
+@pytest.mark.parametrize("core", ["none", "lstm"])
+def test_lag_0_with_the_learners_separate_buffers(tmp_path, monkeypatch, core):
     """A GPU learner's path (its own device buffers, filled from the shared rollout),
     run on the CPU: the same run as lock-step's."""
-    ra, a = _run(tmp_path, "lock", _pendulum_cfg(), env="Pendulum-v1")
+    ra, a = _run(tmp_path, "lock", _pendulum_cfg(policy_core=core, core_size=16), env="Pendulum-v1")
     monkeypatch.setattr(Pipeline, "learner_separate_buffers", True)
-    rb, b = _run(tmp_path, "async", _pendulum_cfg(pipeline="async", max_policy_lag=0), env="Pendulum-v1")
+    cfg = _pendulum_cfg(pipeline="async", max_policy_lag=0, policy_core=core, core_size=16)
+    rb, b = _run(tmp_path, "async", cfg, env="Pendulum-v1")
     _assert_same_run(a, b, ra, rb)
 
 
 # ============================================================================ with a lag
-@pytest.mark.parametrize("lag,buffers", [(1, 2), (2, 3)])
-def test_lag_stays_within_its_bound_and_cartpole_is_learned(tmp_path, lag, buffers):
+@pytest.mark.parametrize("lag,buffers,core", [(1, 2, "none"), (2, 3, "none"), (1, 2, "lstm")])
+def test_lag_stays_within_its_bound_and_cartpole_is_learned(tmp_path, lag, buffers, core):
     cfg = cartpole_cfg(
-        total_steps=100_000, stop_at_return=195.0, pipeline="async", max_policy_lag=lag, rollout_buffers=buffers
+        total_steps=100_000,
+        stop_at_return=195.0,
+        pipeline="async",
+        max_policy_lag=lag,
+        rollout_buffers=buffers,
+        policy_core=core,
     )
     res, ck = _run(tmp_path, "run", cfg)
     assert res["solved"], res

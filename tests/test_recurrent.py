@@ -23,7 +23,7 @@ def _stepwise(pol, obs, state, starts):
     """The reference: ``pol`` one step at a time through ``obs`` ``[L, B, ...]`` from the
     state fed at step 0, zeroed where ``starts``: (params, values, states fed) per step."""
     params, values, fed = [], [], []
-    k = pol.state_size if pol.image else pol._actor_state
+    k = pol.state_size if pol.image else pol.acting_state
     for t in range(obs.shape[0]):
         state = state * (~starts[t]).unsqueeze(-1)
         fed.append(state)
@@ -81,7 +81,8 @@ def _ppo(cfg_overrides, num_envs=4, T=16, limit=9):
 def test_rollouts_record_the_states_a_replay_of_their_steps_feeds(core):
     """Three rollouts of 16 steps on envs truncated after 9 (episodes end inside
     rollouts and across their ends): the values and old log-probs of the rollout pass,
-    and the states recorded at each sequence's start and at slot T, equal the policy
+    the states recorded at each sequence's start, the actor's at every step and both
+    cores' carried into the next rollout's first step equal the policy
     stepped through the same observations one step at a time from the first rollout's
     zero state; the actions acted are the ones the stepped policy picks with the same
     noise; and the first minibatch of an update reproduces the old log-probs."""
@@ -99,8 +100,11 @@ def test_rollouts_record_the_states_a_replay_of_their_steps_feeds(core):
             torch.testing.assert_close(ro.values, v, rtol=1e-5, atol=1e-5)
             logp = pol.dist.log_prob(p[:-1].reshape(ro.T * ro.N, -1), ro.batch_actions()).view(ro.T, ro.N)
             torch.testing.assert_close(ro.logp, logp, rtol=1e-5, atol=1e-5)
-            for t in (4, 8, 12, 16):
+            torch.testing.assert_close(ro.states[0], fed[0], rtol=1e-5, atol=1e-5)  # both cores' carried over
+            for t in (4, 8, 12):  # where the sequences of 4 steps start
                 torch.testing.assert_close(ro.states[t], fed[t], rtol=1e-5, atol=1e-5)
+            k = pol.acting_state  # acting's own: the actor's state fed at each step
+            torch.testing.assert_close(ro.states[1:, :, :k], fed[1:, :, :k], rtol=1e-5, atol=1e-5)
             acts = p[:-1].add(ro.noise.view(ro.T, ro.N, -1)).argmax(-1)  # Gumbel-max with the rollout's noise
             np.testing.assert_array_equal(acts.numpy(), storage.act[1:])
             assert starts[1:].any() and not starts[1:].all(), "episodes must start inside the rollout"
@@ -125,7 +129,7 @@ def test_rollouts_record_the_states_a_replay_of_their_steps_feeds(core):
         (["policy_core=lstm", "core_size=0"], "core_size must be a positive integer"),
         (["policy_core=lstm", "n_steps=32", "bptt=5"], "bptt=5 must divide n_steps=32"),
         (["policy_core=gru", "n_steps=32", "bptt=16", "minibatch_size=40"], "must be a multiple of bptt=16"),
-        (["policy_core=lstm", "pipeline=async"], "does not work with pipeline=async"),
+        (["policy_core=lstm", "pipeline=async", "values_of=acting"], "does not work with values_of=acting"),
         (["policy_core=lstm", "env_groups=2"], "does not work with env_groups=2"),
         (["policy_core=lstm", "learner=numpy"], "does not work with learner=numpy"),
     ],

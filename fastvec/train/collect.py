@@ -39,6 +39,7 @@ class Collector:
     def __init__(self, policy, busy: DeviceBusy, threads: Threads, ranks: Ranks = SOLO):
         self.policy, self.busy, self.threads, self.ranks = policy, busy, threads, ranks
         self._run_noise: torch.Tensor | None = None  # with several ranks: the whole run's draw
+        self.last: Rollout | None = None  # a recurrent policy's last rollout (None: the envs were reset)
         self.between_steps = None
         self.t_act = self.t_env = 0.0
         self.last_act_latency = self.last_env_latency = 0.0
@@ -103,13 +104,17 @@ class Collector:
 
     def _recurrent(self, rollout: Rollout) -> tuple[float, float]:
         """``_lockstep`` for a recurrent policy: step t acts with the states fed at t
-        (``rollout.states[t]``) and leaves the actor's into ``states[t + 1]``, which the
-        episodes that end there zero (``mark_starts``)."""
+        (``rollout.states[t]``, from the last rollout's slot T at 0) and leaves the actor's
+        into ``states[t + 1]``, which the episodes that end there zero (``mark_starts``).
+        With the async pipeline (``shared``) acting records its log-probs too: older
+        weights may have acted, and the learner keeps theirs as the old ones."""
         act, step, copies = self.policy.act_recurrent, rollout.storage.step, rollout.copies
         states, begin, end, hook = rollout.states, self.busy.begin, self.busy.end, self.between_steps
+        logp = rollout.logp if rollout.shared is not None else [None] * rollout.T
         perf = time.perf_counter
         t_act = t_env = 0.0
-        rollout.begin_sequences()
+        rollout.begin_sequences(self.last)
+        self.last = rollout
         for t, slots in enumerate(rollout.steps):
             obs, obs_h, noise, a, act_h, raw, _logp, _value = slots
             t0 = perf()
@@ -118,7 +123,7 @@ class Collector:
             if copies:
                 span = begin()
                 obs.copy_(obs_h, non_blocking=True)
-            act(obs, states[t], states[t + 1], noise, a, raw)
+            act(obs, states[t], states[t + 1], noise, a, raw, logp[t])
             if copies:
                 end(span)
                 act_h.copy_(a)

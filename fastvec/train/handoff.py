@@ -46,6 +46,9 @@ def plan_handoff(K: int, T: int, N: int, policy, flat_param, blob_bytes: int) ->
     plan.add("logp", (K, T, N), np.float32)
     plan.add("values", (K, T + 1, N), np.float32)
     plan.add("versions", (K, T), np.int64)
+    if policy.recurrent:  # the states acting fed each step, and where episodes start
+        plan.add("states", (K, T + 1, N, policy.state_size), np.float32)
+        plan.add("starts", (K, T + 1, N), np.bool_)
     plan.add("header", (HEADER,), np.int64)
     for i, t in enumerate(published_tensors(policy, flat_param)):
         plan.add(f"w{i}", tuple(t.shape), t.detach().cpu().numpy().dtype)
@@ -95,9 +98,10 @@ class Handoff:
         self.weights = [arrays[f"w{i}"] for i in range(n_weights)]
 
     def section(self, k: int) -> dict:
-        """What acting records in section k: ``raw``, ``logp`` and ``values`` (``Rollout``'s ``shared``)."""
+        """What acting records in section k: ``raw``, ``logp`` and ``values``, and a recurrent
+        policy's ``states`` and ``starts`` (``Rollout``'s ``shared``)."""
         a = self.arrays
-        return {"raw": a["raw"][k], "logp": a["logp"][k], "values": a["values"][k]}
+        return {name: a[name][k] for name in ("raw", "logp", "values", "states", "starts") if name in a}
 
     def versions(self, k: int) -> np.ndarray:
         """``[T]``: the weights version that acted at each step of section k."""

@@ -151,7 +151,7 @@ class ActorCritic(nn.Module):
         self.values_at_act = self.image and not self.recurrent
         sizes = [m.core.state_size for m in self._bodies()]
         self.state_size = sum(sizes)  # recurrent state per env: the actor's core's, then the critic's
-        self._actor_state = sizes[0]  # the actor's core's share of a state row
+        self.acting_state = sizes[0]  # the columns of a state row acting computes: the actor's core's
         # Small float-convertible vector observations can be packed with the other
         # per-sample training data (one gather per epoch; see fastvec.train.update).
         self.packable_obs = (
@@ -249,7 +249,7 @@ class ActorCritic(nn.Module):
             y, left = self.body.core.sequence(self.body.encoder(x).view(L, B, -1), seq.state, seq.starts, need)
             y = y.reshape(L * B, -1)
             return self.actor_head(y), self.critic_head(y).squeeze(-1), left
-        k = self._actor_state
+        k = self.acting_state
         (ya, la), (yc, lc) = (
             body.core.sequence(body.encoder(x).view(L, B, -1), state, seq.starts, need)
             for body, state in ((self.actor_body, seq.state[:, :k]), (self.critic_body, seq.state[:, k:]))
@@ -263,18 +263,24 @@ class ActorCritic(nn.Module):
         ``state_size``): a truncated episode's final observation, bootstrapped."""
         x = self.preprocess(obs)
         body = self.body if self.image else self.critic_body
-        y, _ = body.core.step(body.encoder(x), state if self.image else state[:, self._actor_state :])
+        y, _ = body.core.step(body.encoder(x), state if self.image else state[:, self.acting_state :])
         return self.critic_head(y).squeeze(-1)
 
-    def act_recurrent(self, obs, state, state_out, noise, act_out, raw_out=None, deterministic: bool = False):
+    def act_recurrent(
+        self, obs, state, state_out, noise, act_out, raw_out=None, logp_out=None, deterministic: bool = False
+    ):
         """One acting step of a recurrent policy (under ``torch.inference_mode()``): the
         actor's core fed ``state`` (rows of ``state_size``) writes the state it leaves
-        into ``state_out``'s actor columns; actions into ``act_out`` as ``act_``."""
+        into ``state_out``'s actor columns; actions into ``act_out`` as ``act_``, their
+        log-probs into ``logp_out`` where given."""
         x = self.preprocess(obs)
-        body, k = (self.body, self.state_size) if self.image else (self.actor_body, self._actor_state)
+        body, k = (self.body if self.image else self.actor_body), self.acting_state
         y, left = body.core.step(body.encoder(x), state[:, :k])
         state_out[:, :k].copy_(left)
-        self.dist.act_(self.actor_head(y), noise, act_out, raw_out, deterministic)
+        params = self.actor_head(y)
+        raw = self.dist.act_(params, noise, act_out, raw_out, deterministic)
+        if logp_out is not None:
+            logp_out.copy_(self.dist.log_prob(params, raw))
 
     def _apply(self, fn, *args, **kwargs):
         self._acting = None  # parameters may be replaced (.to(device), ...)
@@ -333,7 +339,7 @@ class ActorCritic(nn.Module):
             )
             noise = self.dist.sample_noise(torch.empty(self.dist.noise_shape(n), device=dev))
             if self.recurrent:
-                self.act_recurrent(o, state, state, noise, out, None, deterministic)
+                self.act_recurrent(o, state, state, noise, out, deterministic=deterministic)
             else:
                 self.dist.act_(self.actor_params(o), noise, out, None, deterministic)
             return out.cpu().numpy()

@@ -211,7 +211,7 @@ class PPO:
         episodes in progress are dropped from the statistics and the reward normaliser's
         running returns start again."""
         self.storage.reset(seed)
-        self.rollout.restart_sequences()
+        self.collector.last = None  # a recurrent policy's states start from zero
         self.tracker.restart_envs()
         if self.reward_scaler is not None:
             self.reward_scaler.acc[:] = 0.0

@@ -52,8 +52,9 @@ class Rollout:
 
     A recurrent policy's rows (``memory``): ``states`` ``[T + 1, N, state_size]``, the
     state each env was fed at each step (``fastvec.train.cores``), and ``starts``
-    ``[T + 1, N]``, where an episode starts (the previous step ended one); slot T is the
-    next rollout's slot 0, as for the observations.
+    ``[T + 1, N]``, where an episode starts (the previous step ended one); the last
+    rollout's slot T is the next one's slot 0, as for the observations (in ``shared``
+    too with the async pipeline, where the collector records them).
     """
 
     def __init__(
@@ -97,10 +98,12 @@ class Rollout:
         ]
         self._by_group: list | None = None
         self.memory = policy.recurrent
-        if self.memory:
-            self.states = torch.zeros((T + 1, self.N, policy.state_size), device=device)
-            self.starts = torch.ones((T + 1, self.N), dtype=torch.bool, device=device)
-            self._first = True  # no rollout before this one: every env starts an episode at 0
+        if self.memory:  # (slot 0 is set before each rollout: ``begin_sequences``)
+            if self.shared is not None and not self.copies:  # the other process may be writing them: no writes here
+                self.states, self.starts = torch.from_numpy(shared["states"]), torch.from_numpy(shared["starts"])
+            else:
+                self.states = torch.zeros((T + 1, self.N, policy.state_size), device=device)
+                self.starts = torch.ones((T + 1, self.N), dtype=torch.bool, device=device)
 
     def _learner_arrays(self, pin: bool) -> None:
         """Values, advantages and returns: host arrays (numpy, for ``fastvec.gae``) and,
@@ -150,19 +153,16 @@ class Rollout:
         return self._by_group
 
     # A recurrent policy's states (no-ops without one).
-    def begin_sequences(self) -> None:
-        """Before a rollout: slot 0's states and starts are the last rollout's slot T."""
-        if self.memory and not self._first:
-            self.states[0].copy_(self.states[self.T])
-            self.starts[0].copy_(self.starts[self.T])
-        self._first = False
-
-    def restart_sequences(self) -> None:
-        """Every env starts an episode (the envs were reset): states from zero."""
-        if self.memory:
-            self.states.zero_()
-            self.starts.fill_(True)
-            self._first = True
+    def begin_sequences(self, last: Rollout | None) -> None:
+        """Before a rollout: slot 0's states and starts are slot T's of ``last``, the
+        rollout collected before (this one in lock-step, the ring's previous section in
+        async); None: every env starts an episode here (the envs were just reset)."""
+        if last is None:
+            self.states[0].zero_()
+            self.starts[0].fill_(True)
+        else:
+            self.states[0].copy_(last.states[self.T])
+            self.starts[0].copy_(last.starts[self.T])
 
     def mark_starts(self, t: int) -> None:
         """After the envs' step into slot ``t``: where it ended an episode, the state fed
@@ -207,6 +207,10 @@ class Rollout:
         if self.at_act:
             self.logp.copy_(torch.from_numpy(sh["logp"]), non_blocking=True)
             self.values[:T].copy_(torch.from_numpy(sh["values"][:T]), non_blocking=True)
+        if self.memory:  # the states acting fed and the log-probs it recorded
+            self.states.copy_(torch.from_numpy(sh["states"]), non_blocking=True)
+            self.starts.copy_(torch.from_numpy(sh["starts"]), non_blocking=True)
+            self.logp.copy_(torch.from_numpy(sh["logp"]), non_blocking=True)
 
     # what the learner trains on
     def batch_obs(self) -> torch.Tensor:

@@ -59,6 +59,7 @@ class Targets:
         self.t_prep = 0.0
         # per-sample weights of the advantages (proximal_policy=learner), set by compute
         self.adv_weights: torch.Tensor | None = None
+        self._carry: torch.Tensor | None = None  # a recurrent critic's state fed at the next rollout's slot 0
 
     @torch.no_grad()
     def compute(self, rollout: Rollout, version: int, acted_by=None) -> None:
@@ -77,7 +78,10 @@ class Targets:
         term, trunc = b.terminated[1:], b.truncated[1:]
         boot = trunc & ~term
         current_logp = None  # the current weights' log-probs, where a pass computed them
-        if acted_by is None:
+        if ro.memory:  # one pass with the weights in place; acting recorded the old log-probs where older ones acted
+            found, current_logp = self._sequence_pass(ro, boot, keep_logp=acted_by is not None)
+            boots = [found]
+        elif acted_by is None:
             boots = [self.behaviour_pass(ro, np.arange(T + 1), boot)]
         else:
             boots, current_logp = self._acting_passes(ro, version, acted_by, boot)
@@ -141,8 +145,6 @@ class Targets:
         with the weights in place, and the values of the final observations where ``boot``
         (the truncations among them): ``(ts, ns, values)`` or None."""
         T, N, pol = ro.T, ro.N, self.policy
-        if ro.memory:
-            return self._sequence_pass(ro, boot)
         if not pol.values_at_act:
             # One batched pass (the policy did not change while acting).
             if len(rows) == T + 1:
@@ -168,26 +170,35 @@ class Targets:
         final = torch.from_numpy(ro.storage.final_obs[1:][ts, ns]).to(ro.device)
         return ts, ns, pol.value(final).float().cpu().numpy()
 
-    def _sequence_pass(self, ro: Rollout, boot: np.ndarray):
-        """``behaviour_pass`` of a recurrent policy (lock-step: every step, the weights
-        that acted): one pass over slots ``0..T`` from the states fed at 0 gives the
-        values and the old log-probs, and records the states fed where PPO's sequences
-        start (every ``bptt`` steps) and at slot T (the next rollout's first); a truncated
-        episode's final observation is valued with the state its last step left."""
+    def _sequence_pass(self, ro: Rollout, boot: np.ndarray, keep_logp: bool = False):
+        """A recurrent policy's targets pass, with the weights in place (the ones that
+        acted, in lock-step; the learner's current ones, in async): one pass over slots
+        ``0..T`` from the states fed at 0 (the actor's as acting recorded them; the
+        critic's as this pass left them after the last rollout, ``_carry``) gives the
+        values and log-probs (the old log-probs, unless acting recorded them:
+        ``keep_logp``), and records the states fed where PPO's sequences start (every
+        ``bptt`` steps); a truncated episode's final observation is valued with the state
+        its last step left. ``(the bootstraps, the log-probs of these weights)``."""
         T, N, pol = ro.T, ro.N, self.policy
         L = self.cfg.bptt or T
+        k = pol.acting_state  # the critic's columns follow
+        if self._carry is not None:
+            ro.states[0, :, k:].copy_(self._carry)
         ts, ns = np.nonzero(boot)
         need = sorted({*range(L - 1, T, L), *ts.tolist()})
         params, v, left = pol.sequence_pass(Sequences(ro.obs_dev, ro.states[0], ro.starts), need)
         ro.values.copy_(v.view(T + 1, N))
-        ro.logp.copy_(pol.dist.log_prob(params[: T * N], ro.batch_actions()).view(T, N))
-        for t in range(L, T + 1, L):
+        logp = pol.dist.log_prob(params[: T * N], ro.batch_actions()).view(T, N)
+        if not keep_logp:
+            ro.logp.copy_(logp)
+        for t in range(L, T, L):
             ro.states[t].copy_(left[t - 1] * (~ro.starts[t]).unsqueeze(-1))
+        self._carry = (left[T - 1][:, k:] * (~ro.starts[T]).unsqueeze(-1)).clone()  # the next rollout's
         if not len(ts):
-            return None
+            return None, logp
         final = torch.from_numpy(ro.storage.final_obs[1:][ts, ns]).to(ro.device)
         fed = torch.stack([left[t][n] for t, n in zip(ts.tolist(), ns.tolist())])
-        return ts, ns, pol.value_fed(final, fed).float().cpu().numpy()
+        return (ts, ns, pol.value_fed(final, fed).float().cpu().numpy()), logp
 
     def _log_rhos(self, ro: Rollout, current: torch.Tensor | None = None) -> np.ndarray:
         """log pi(a|s) - log mu(a|s) over the rollout: the current weights against the

@@ -91,7 +91,10 @@ def check_core(cfg) -> None:
             f"policy_core={cfg.policy_core}: a minibatch holds whole sequences"
         )
     for why, bad in (
-        ("pipeline=async (its learner does not replay the recorded states yet)", cfg.pipeline != "lockstep"),
+        (
+            "values_of=acting (the acting weights' critic states are not kept: use values_of=learner)",
+            cfg.pipeline == "async" and cfg.values_of == "acting",
+        ),
         (f"env_groups={cfg.transport.env_groups} (use env_groups=1)", cfg.transport.env_groups > 1),
         ("learner=numpy (use auto or torch)", cfg.learner == "numpy"),
     ):
