@@ -119,7 +119,12 @@ def run_child(name: str, args) -> dict:
 
 def markdown(result: dict) -> str:
     m, runs = result["machine"], result["runs"]
-    med = {c: float(np.median([r["rows_per_s"] for r in runs[c]])) for c in runs}
+
+    def ratios(c: str, k: str) -> str:  # round by round, against the same round's run of k
+        if k not in runs:
+            return "n/a"
+        return span([a["rows_per_s"] / b["rows_per_s"] for a, b in zip(runs[c], runs[k])])
+
     lines = [
         "# Many agents: simple_spread, 3 agents x 16 copies",
         "",
@@ -127,7 +132,8 @@ def markdown(result: dict) -> str:
         f"(N=3, max_cycles=25), 16 copies = 48 rows, random actions (seed {result['seed']}, the same "
         f"arrays for every candidate), {result['warmup']} untimed then {result['steps']} timed steps; "
         f"{result['repeats']} repeats, each candidate a fresh process, the order rotating by repeat. "
-        "Rows' steps/s (agent-steps), median (min-max).",
+        "Rows' steps/s (agent-steps), median (min-max); the ratios round by round, against the "
+        "same round's run.",
         "",
         "| candidate | rows' steps/s | copies' steps/s | x SuperSuit | x serial |",
         "|---|---:|---:|---:|---:|",
@@ -135,7 +141,7 @@ def markdown(result: dict) -> str:
     for c in runs:
         rows = [r["rows_per_s"] for r in runs[c]]
         copies = [v / AGENTS for v in rows]
-        vs = [f"{med[c] / med[k]:.2f}" if k in med else "n/a" for k in ("supersuit", "serial")]
+        vs = [ratios(c, k) for k in ("supersuit", "serial")]
         lines.append(f"| {c} | {span(rows, '{:,.0f}')} | {span(copies, '{:,.0f}')} | {vs[0]} | {vs[1]} |")
     return "\n".join(lines) + "\n"
 

@@ -325,3 +325,16 @@ def test_an_agent_appearing_mid_episode_is_an_error_when_it_happens(extra, match
         with pytest.raises(WorkerError, match=match):
             for _ in range(3):
                 env.step(np.zeros(6, np.int64))
+
+
+def test_sb3_attribute_access_answers_per_row_from_its_copy():
+    import fastvec
+
+    assert fastvec.AgentVecEnv is AgentVecEnv and fastvec.AgentVectorEnv is AgentVectorEnv
+    with AgentVecEnv(dwindle_fns(2), num_workers=1) as venv:
+        venv.set_attr("tag", "x", indices=[4])  # row 4 is copy 1's agent "b"
+        assert venv.get_attr("tag", indices=[3, 5]) == ["x", "x"]
+        assert venv.env_method("get_wrapper_attr", "tag", indices=[4]) == ["x"]
+        with pytest.raises(AttributeError):
+            venv.get_attr("tag", indices=[0])
+        assert venv.get_attr("render_mode") == [None] * 6
