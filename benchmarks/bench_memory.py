@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-from bench_train import run_child
+from bench_train import SB3_CARTPOLE, run_child
 from harness.common import Parser, cpu_model
 
 CANDIDATES = {
@@ -47,10 +47,11 @@ CANDIDATES = {
         "threshold": 475.0,
         "total_steps": steps,
     },
-    "sb3-contrib RecurrentPPO": lambda seed, steps: {
+    "sb3-contrib RecurrentPPO": lambda seed, steps: {  # RL Zoo's settings for it are its CartPole ones
         "kind": "sb3_recurrent",
         "env_id": ENV,
         "seed": seed,
+        "hp": SB3_CARTPOLE,
         "threshold": 475.0,
         "max_steps": steps,
     },

@@ -48,32 +48,26 @@ def _sb3_kwargs(hp: dict) -> tuple[int, dict]:
 def child_sb3(env_id: str, seed: int, hp: dict, threshold: float, max_steps: int) -> dict:
     """SB3's PPO until the mean return of the last 20 episodes reaches ``threshold``."""
     _warm_torch()
-    import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
 
     n_envs, kw = _sb3_kwargs(hp)
+    stop = _stop_at(threshold)
     t0 = time.perf_counter()
     env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
     model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kw)
-    cb = _stop_at(threshold)
-    model.learn(max_steps, callback=cb)
+    model.learn(max_steps, callback=stop)
     wall = time.perf_counter() - t0
     env.close()
-    return {
-        "solved": cb.solved,
-        "env_steps": int(model.num_timesteps),
-        "wall_seconds": wall,
-        "sps": model.num_timesteps / wall,
-        "final_mean_return": float(np.mean(cb.rets)) if cb.rets else None,
-        "threads": torch.get_num_threads(),
-    }
+    return _sb3_result(model, stop, wall)
 
 
-def child_sb3_recurrent(env_id: str, seed: int, threshold: float, max_steps: int) -> dict:
-    """sb3-contrib's RecurrentPPO with RL Zoo's hyperparameters for CartPoleNoVel-v1
-    (MlpLstmPolicy, 8 envs, VecNormalize of the observations) until the mean return of
-    the last 20 episodes reaches ``threshold``; its linear schedules over ``max_steps``."""
+def child_sb3_recurrent(env_id: str, seed: int, hp: dict, threshold: float, max_steps: int) -> dict:
+    """sb3-contrib's RecurrentPPO (``MlpLstmPolicy`` as RL Zoo configures it for
+    CartPoleNoVel-v1: an LSTM of 64 units for the actor and one for the critic, then a
+    64-unit ReLU layer each, observations normalised by ``VecNormalize``) with the
+    hyperparameters ``hp`` until the mean return of the last 20 episodes reaches
+    ``threshold``; its linear schedules over ``max_steps``."""
     _warm_torch()
     import torch
     from sb3_contrib import RecurrentPPO
@@ -82,22 +76,7 @@ def child_sb3_recurrent(env_id: str, seed: int, threshold: float, max_steps: int
 
     import fastvec.train  # noqa: F401  (registers CartPoleNoVel-v1, RL Zoo's definition)
 
-    stop = _stop_at(threshold)
-    t0 = time.perf_counter()
-    env = VecNormalize(make_vec_env(env_id, n_envs=8, seed=seed), norm_obs=True, norm_reward=False)
-    _n, kw = _sb3_kwargs(
-        dict(
-            n_envs=8,
-            n_steps=32,
-            batch_size=256,
-            gamma=0.98,
-            gae_lambda=0.8,
-            n_epochs=20,
-            ent_coef=0.0,
-            lr=("lin", 1e-3),
-            clip_range=("lin", 0.2),
-        )
-    )
+    n_envs, kw = _sb3_kwargs(hp)
     policy_kwargs = dict(
         ortho_init=False,
         activation_fn=torch.nn.ReLU,
@@ -105,10 +84,19 @@ def child_sb3_recurrent(env_id: str, seed: int, threshold: float, max_steps: int
         enable_critic_lstm=True,
         net_arch=dict(pi=[64], vf=[64]),
     )
+    stop = _stop_at(threshold)
+    t0 = time.perf_counter()
+    env = VecNormalize(make_vec_env(env_id, n_envs=n_envs, seed=seed), norm_obs=True, norm_reward=False)
     model = RecurrentPPO("MlpLstmPolicy", env, seed=seed, device="cpu", verbose=0, policy_kwargs=policy_kwargs, **kw)
     model.learn(max_steps, callback=stop)
     wall = time.perf_counter() - t0
     env.close()
+    return _sb3_result(model, stop, wall)
+
+
+def _sb3_result(model, stop, wall: float) -> dict:
+    import torch
+
     return {
         "solved": stop.solved,
         "env_steps": int(model.num_timesteps),

@@ -83,6 +83,29 @@ _CLEANRL_MUJOCO = dict(
     solve_return=None,
 )
 
+# RL Zoo's CartPole hyperparameters (SB3 PPO), for comparison runs of this trainer.
+# vf_coef=1.0 here is SB3's vf_coef=0.5: this trainer's value loss has a 0.5 factor
+# (CleanRL), SB3's does not.
+ZOO_CARTPOLE = dict(
+    num_envs=8,
+    num_workers=1,
+    n_steps=32,
+    n_epochs=20,
+    minibatch_size=256,
+    lr=1e-3,
+    anneal_lr=True,
+    gamma=0.98,
+    gae_lambda=0.8,
+    clip_coef=0.2,
+    anneal_clip=True,
+    clip_vf=None,
+    ent_coef=0.0,
+    vf_coef=1.0,
+    total_steps=100_000,
+    solve_return=475.0,
+)
+
+
 PRESETS: dict[str, dict] = {
     "CartPole-v1": dict(
         num_envs=8,
@@ -100,32 +123,6 @@ PRESETS: dict[str, dict] = {
         vf_coef=0.5,
         max_grad_norm=0.5,
         total_steps=200_000,
-        solve_return=475.0,
-    ),
-    # Needs memory: an LSTM. RL Zoo's RecurrentPPO settings for the env, with 16 envs,
-    # rollouts of 64 steps and 10 epochs instead of 8, 32 and 20 (see the docstring)
-    "CartPoleNoVel-v1": dict(
-        num_envs=16,
-        num_workers=1,
-        n_steps=64,
-        n_epochs=10,
-        minibatch_size=256,
-        lr=1e-3,
-        anneal_lr=True,
-        gamma=0.98,
-        gae_lambda=0.8,
-        clip_coef=0.2,
-        anneal_clip=True,
-        clip_vf=None,
-        ent_coef=0.0,
-        vf_coef=1.0,
-        hidden=(64,),
-        activation="relu",
-        ortho_init=False,
-        normalize_obs=True,
-        policy_core="lstm",
-        core_size=64,
-        total_steps=300_000,
         solve_return=475.0,
     ),
     "Acrobot-v1": dict(
@@ -205,30 +202,23 @@ PRESETS: dict[str, dict] = {
         env_groups=2,
     ),
 }
+# Needs memory: an LSTM. RL Zoo's RecurrentPPO settings for the env are its CartPole ones;
+# here with 16 envs, rollouts of 64 steps and 10 epochs instead of 8, 32 and 20 (see above)
+PRESETS["CartPoleNoVel-v1"] = {
+    **ZOO_CARTPOLE,
+    "num_envs": 16,
+    "n_steps": 64,
+    "n_epochs": 10,
+    "hidden": (64,),
+    "activation": "relu",
+    "ortho_init": False,
+    "normalize_obs": True,
+    "policy_core": "lstm",
+    "core_size": 64,
+    "total_steps": 300_000,
+}
 # Every other ALE id gets the Atari defaults (Pong's preset without its threshold).
 _ATARI_DEFAULTS = {**PRESETS["ALE/Pong-v5"], "solve_return": None}
-
-# RL Zoo's CartPole hyperparameters (SB3 PPO), for comparison runs of this trainer.
-# vf_coef=1.0 here is SB3's vf_coef=0.5: this trainer's value loss has a 0.5 factor
-# (CleanRL), SB3's does not.
-ZOO_CARTPOLE = dict(
-    num_envs=8,
-    num_workers=1,
-    n_steps=32,
-    n_epochs=20,
-    minibatch_size=256,
-    lr=1e-3,
-    anneal_lr=True,
-    gamma=0.98,
-    gae_lambda=0.8,
-    clip_coef=0.2,
-    anneal_clip=True,
-    clip_vf=None,
-    ent_coef=0.0,
-    vf_coef=1.0,
-    total_steps=100_000,
-    solve_return=475.0,
-)
 
 
 def check_env_id(env_id: str) -> None:

@@ -91,6 +91,7 @@ class Updater:
         self.t_learn = 0.0
         self.last_stats: tuple | None = None  # the last update's (stats, lr, clip, epochs, early stop)
         self._wire: torch.Tensor | None = None  # with several ranks: a minibatch's gradient and statistics
+        self._rollout: Rollout | None = None  # the rollout of the update running (a recurrent policy's states)
 
     def run(self, rollout: Rollout, adv_weights: torch.Tensor | None = None) -> None:
         """One update from ``rollout`` (its targets computed; ``adv_weights``: per-sample
@@ -103,7 +104,7 @@ class Updater:
         self.opt.lr = lr = self.lr_schedule.rate(self.updates)
         clip = max(cfg.clip_coef * frac if cfg.anneal_clip else cfg.clip_coef, 1e-8)
         data, obs, acts, D = self._samples(rollout, adv_weights)
-        self._rollout = rollout  # for the sequences' recorded states
+        self._rollout = rollout
         npl = self.np_learner
         with npl.one_blas_thread() if npl is not None else contextlib.nullcontext():
             stats, epochs_done, stop, n_mb, kl_from = self._epochs(data, obs, acts, D, clip)
