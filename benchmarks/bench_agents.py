@@ -117,6 +117,20 @@ def run_child(name: str, args) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def agent_versions(supersuit_path: str | None) -> dict:
+    """The multi-agent packages' versions (SuperSuit's from its folder, where given)."""
+    import importlib.metadata as md
+
+    out = {}
+    for dist in ("pettingzoo", "mpe2", "supersuit"):
+        found = list(md.distributions(name=dist, path=[supersuit_path])) if supersuit_path else []
+        try:
+            out[dist] = found[0].version if found else md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
 def markdown(result: dict) -> str:
     m, runs = result["machine"], result["runs"]
 
@@ -128,7 +142,8 @@ def markdown(result: dict) -> str:
     lines = [
         "# Many agents: simple_spread, 3 agents x 16 copies",
         "",
-        f"`{m['command']}`; {m['cpu']}, {m['cores']} cores, {m['date']}. mpe2 simple_spread_v3 "
+        f"`{m['command']}`; {m['cpu']}, {m['cores']} cores, {m['date']}, load {m['loadavg_start']} at the "
+        f"start; {', '.join(f'{k} {v}' for k, v in result.get('versions', {}).items())}. mpe2 simple_spread_v3 "
         f"(N=3, max_cycles=25), 16 copies = 48 rows, random actions (seed {result['seed']}, the same "
         f"arrays for every candidate), {result['warmup']} untimed then {result['steps']} timed steps; "
         f"{result['repeats']} repeats, each candidate a fresh process, the order rotating by repeat. "
@@ -165,6 +180,7 @@ def main(argv=None) -> int:
         args.steps, args.repeats, args.out = 200, 1, None
     command = "python benchmarks/bench_agents.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result = {"machine": machine(command.strip()), "seed": args.seed, "steps": args.steps}
+    result["versions"] = agent_versions(args.supersuit_path)
     result.update(warmup=args.warmup, repeats=args.repeats, runs={c: [] for c in args.only})
     for r in range(args.repeats):
         order = args.only[r % len(args.only) :] + args.only[: r % len(args.only)]
