@@ -4,6 +4,11 @@
   position and the pole's angle only), as RL Zoo defines it: a task that needs memory,
   since one observation does not tell which way the pole is falling. 500 steps, solved
   at a mean return of 475. Registered only where no package registered the id first.
+- POPGym's envs (``popgym-RepeatPreviousEasy-v0`` and the rest, Morad et al., ICLR 2023),
+  where popgym is installed: importing it registers its ids with gymnasium, and the
+  workers import this module before they make an env, so ``fastvec train popgym-...``
+  works as for a gymnasium id. Not installed (or failing to import), nothing is
+  registered and ``fastvec.train`` imports as before.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-__all__ = ["CartPoleNoVel"]
+__all__ = ["CartPoleNoVel", "HAS_POPGYM"]
 
 
 class CartPoleNoVel(CartPoleEnv):
@@ -40,3 +45,11 @@ if "CartPoleNoVel-v1" not in gym.registry:
         max_episode_steps=500,
         reward_threshold=475.0,
     )
+
+
+try:  # registers popgym-*-v0 (8 ms; it needs only numpy and gymnasium)
+    import popgym  # noqa: F401
+
+    HAS_POPGYM = True
+except Exception:  # not installed, or a broken install: its ids stay unknown
+    HAS_POPGYM = False

@@ -18,6 +18,10 @@ Where the numbers come from:
   instead of 8, 32 and 20. To 475 within 300k steps: RL Zoo's solved seed 1 of seeds
   1-2 (187k steps); 8 envs x 64 steps x 10 epochs 4 of seeds 1-5 (seed 4 ended at 271);
   16 envs 5 of 5 (52k-221k steps, 10-32 s here).
+- popgym-RepeatPreviousEasy-v0 (POPGym's, where popgym is installed): CartPoleNoVel's
+  network (64 ReLU units, then an LSTM of 64) on 16 envs x 64 steps, 10 epochs, lr 1e-3
+  annealed, lambda 0.8, gamma 0.5 (0.98 took 80k steps to 0.95, 0.5 and 0 33k-45k; 4
+  epochs 207k), 200k steps; see ``benchmarks/bench_memory_popgym.py``.
 - Acrobot-v1: RL Zoo (16 envs, n_steps 256, gamma 0.99, lambda 0.94, 4 epochs,
   normalised observations).
 - InvertedPendulum-v5: tuned for wall time to a mean return of 950.
@@ -217,6 +221,24 @@ PRESETS["CartPoleNoVel-v1"] = {
     "core_size": 64,
     "total_steps": 300_000,
 }
+# Needs memory: the suit of the card dealt 3 cards before the one shown (an MLP guesses: -0.5).
+# A step's reward hangs on its own action only, hence the short horizon (see above)
+PRESETS["popgym-RepeatPreviousEasy-v0"] = dict(
+    num_envs=16,
+    n_steps=64,
+    n_epochs=10,
+    minibatch_size=256,
+    lr=1e-3,
+    gamma=0.5,
+    gae_lambda=0.8,
+    ent_coef=0.0,
+    hidden=(64,),
+    activation="relu",
+    policy_core="lstm",
+    core_size=64,
+    total_steps=200_000,
+    solve_return=0.95,
+)
 # Every other ALE id gets the Atari defaults (Pong's preset without its threshold).
 _ATARI_DEFAULTS = {**PRESETS["ALE/Pong-v5"], "solve_return": None}
 
