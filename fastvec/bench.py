@@ -151,7 +151,7 @@ def main(name: str = "bench", argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
-        why = env_id_problem(args.env_id)
+        why = env_id_problem(args.env_id, agents=False)
         if why:
             parser.error(why)
     except SystemExit as exc:  # a usage error, already printed as one line (or --help: 0)

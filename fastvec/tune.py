@@ -80,7 +80,7 @@ def build_parser() -> OneLineParser:
 def main(name: str = "tune", argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    why = env_id_problem(args.env_id)
+    why = env_id_problem(args.env_id, agents=False)
     if why is not None:
         p.error(why)
     if not 0 <= args.policy_us < 1e6:

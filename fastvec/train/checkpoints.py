@@ -103,6 +103,7 @@ def save_checkpoint(
         "config": ppo.cfg.to_dict(),
         "observation_space": ppo.storage.single_observation_space,
         "action_space": ppo.storage.single_action_space,
+        "agents": _agents_of(ppo.storage),
         "policy": describe_policy(pol),
         "state_dict": state,
         "env_steps": ppo.env_steps,
@@ -110,6 +111,12 @@ def save_checkpoint(
         "extra": extra or {},
     }
     return atomic_torch_save(ckpt, path)
+
+
+def _agents_of(storage) -> list | None:
+    """A PettingZoo run's agents, in row order per copy (``AgentStorage``); None otherwise."""
+    spec = getattr(storage, "spec", None)
+    return None if spec is None else list(spec.agents)
 
 
 def load_checkpoint(path: str) -> dict:

@@ -311,6 +311,8 @@ def _train(argv) -> int:
 def _nproc(args, cfg, resume) -> int:
     """The run's ranks (``--nproc``, or the launcher's ``WORLD_SIZE``); ValueError where
     they cannot serve the run, before any process starts."""
+    from ..env_ids import is_pettingzoo
+    from .agent_storage import check_agent_run
     from .ranks import check_world, launched_world
     from .runtime import resolve_device
 
@@ -321,6 +323,8 @@ def _nproc(args, cfg, resume) -> int:
     if launched > 1 and world != launched:
         raise ValueError(f"--nproc {world} differs from the launcher's WORLD_SIZE={launched}: give one of them")
     check_world(cfg, world, backend=args.backend, mix=args.mix, resume=None if resume is None else resume[1])
+    if is_pettingzoo(args.env_id):
+        check_agent_run(cfg, mix=args.mix, backend=args.backend, world=world)
     if world > 1 and resolve_device(cfg.device).type == "cuda":
         import torch
 

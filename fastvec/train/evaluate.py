@@ -30,14 +30,13 @@ def evaluate(
 
     A run on a mix of envs (``fastvec.train.mix``) is evaluated on envs drawn evenly from
     its groups (at least one per group), each group's mean return reported beside.
+    A run on a PettingZoo env is evaluated on copies of it in ``fastvec.AgentVectorEnv``
+    (``num_envs`` copies, one worker): an episode is one agent's.
     """
-    from gymnasium.vector import AutoresetMode, SyncVectorEnv
-
     ckpt = load_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
     env_id = _env_of(ckpt, env_id, episodes)
     mix = ckpt.get("mix")
-    fns, group = _envs(ckpt, env_id, episodes, num_envs)
-    venv = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, observation_mode="different" if mix else "same")
+    venv, group = _eval_envs(ckpt, env_id, episodes, num_envs)
     try:
         check_spaces(ckpt, venv.single_observation_space, venv.single_action_space, env_id)
         torch.set_num_threads(1)
@@ -105,6 +104,35 @@ def _envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
     return [env_factory(env_id, ckpt.get("env_kwargs"))] * n, np.zeros(n, np.int64)
 
 
+def _eval_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
+    """The vector env to evaluate on (in this process; a PettingZoo env's copies in a
+    worker) and each env's group."""
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    from ..env_ids import is_pettingzoo
+
+    if is_pettingzoo(env_id):
+        return _agent_envs(ckpt, env_id, episodes, num_envs)
+    fns, group = _envs(ckpt, env_id, episodes, num_envs)
+    mode = "different" if ckpt.get("mix") else "same"
+    return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, observation_mode=mode), group
+
+
+def _agent_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
+    """Copies of a PettingZoo env, enough rows for ``episodes`` agent episodes (at most
+    ``num_envs`` copies, default 8), in one worker process."""
+    import functools
+
+    from ..doors.agents import AgentVectorEnv
+    from ..env_ids import make_parallel_env
+
+    fn = functools.partial(make_parallel_env, env_id, dict(ckpt.get("env_kwargs") or {}))
+    agents = len(ckpt.get("agents") or ()) or 1  # rows per copy
+    n = max(1, min(-(-episodes // agents), num_envs or 8))
+    venv = AgentVectorEnv([fn] * n, autoreset_mode="same_step", num_workers=1)
+    return venv, np.zeros(venv.num_envs, np.int64)
+
+
 def _episodes(venv, pol, group, episodes: int, seed: int, deterministic: bool):
     """``episodes`` episodes spread evenly over the envs: their returns, lengths, groups,
     and the seconds they took (from the reset on)."""
@@ -122,9 +150,10 @@ def _episodes(venv, pol, group, episodes: int, seed: int, deterministic: bool):
         act = pol.predict(obs, deterministic=deterministic, state=state)
         if isinstance(venv.single_action_space, gym.spaces.Box):
             act = act.astype(venv.single_action_space.dtype)
+        acting = getattr(venv, "active", True)  # (agents: the rows whose action counts)
         obs, r, term, trunc, _ = venv.step(act)
         ep_ret += r
-        ep_len += 1
+        ep_len += acting
         if state is not None:
             state[torch.from_numpy(term | trunc)] = 0.0
         for i in np.flatnonzero(term | trunc):

@@ -62,6 +62,7 @@ def build_storage(
     (``fastvec.train.mix``) instead of ``env_id`` with ``env_kwargs``; on the engine it is
     placed by cost unless ``cfg.placement`` says otherwise. ``ranks``: this rank's share
     of the envs only (``fastvec.train.ranks``), on workers of its own."""
+    from ..env_ids import is_pettingzoo
     from .mix import mix_factories
     from .presets import env_factory
     from .ring import ring_slots
@@ -76,6 +77,8 @@ def build_storage(
         )
     if venv is not None:
         return storage_for(venv, slots, pin=pin)
+    if is_pettingzoo(env_id):
+        return _agent_storage(cfg, env_id, env_kwargs, slots)
     fns = mix_factories(mix) if mix is not None else [env_factory(env_id, env_kwargs)] * cfg.num_envs
     if len(fns) != cfg.num_envs:
         raise ConfigError(f"the mix holds {len(fns)} envs, but num_envs={cfg.num_envs}")
@@ -99,8 +102,22 @@ def build_storage(
     return _engine_storage(cfg, fns, mix, slots, 1 if ranks is None else ranks.local_world)
 
 
-def _engine_storage(cfg, fns, mix, slots: int, local_ranks: int = 1):
-    """``fns`` on this machine's engine, its workers split into ``env_groups``."""
+def _agent_storage(cfg, env_id: str, env_kwargs, slots: int):
+    """``cfg.num_envs`` copies of a PettingZoo env (copy 0 built here first, to check
+    it) on this machine's engine, one row per agent (``agent_storage.AgentStorage``)."""
+    import functools
+
+    from ..agents import copy_fns
+    from ..env_ids import make_parallel_env
+    from .agent_storage import AgentStorage
+
+    spec, fns = copy_fns([functools.partial(make_parallel_env, env_id, dict(env_kwargs or {}))] * cfg.num_envs)
+    return _engine_storage(cfg, fns, None, slots, storage=lambda engine: AgentStorage(engine, spec))
+
+
+def _engine_storage(cfg, fns, mix, slots: int, local_ranks: int = 1, storage=None):
+    """``fns`` on this machine's engine, its workers split into ``env_groups``;
+    ``storage``: what makes the storage of the engine (None: ``EngineStorage``)."""
     from ..engine import Engine, batch_workers
     from ..options import available_cores, default_num_workers
     from .mix import is_mix
@@ -134,7 +151,7 @@ def _engine_storage(cfg, fns, mix, slots: int, local_ranks: int = 1):
         step_timeout=cfg.step_timeout,
         main_spin_us=main_spin_for(cfg, workers or default_num_workers(num_envs), cores),
     )
-    return EngineStorage(engine, groups=tr.env_groups)
+    return EngineStorage(engine, groups=tr.env_groups) if storage is None else storage(engine)
 
 
 def main_spin_for(cfg, workers: int, cores: int) -> float | None:
@@ -177,8 +194,13 @@ def _resumed(resume, env_id, config, run_dir, init_from, mix):
 
 def _check_envs(cfg, env_id, venv, env_kwargs, mix, backend, ray_address, ray_actors):
     """ValueError where the envs asked for cannot be built; ``(env_kwargs, mix)`` settled."""
+    from ..env_ids import is_pettingzoo
+    from .agent_storage import check_agent_run
+
     if env_id is None and venv is None:
         raise ValueError("give an env id or a vector env")
+    if is_pettingzoo(env_id):
+        check_agent_run(cfg, venv=venv, mix=mix, backend=backend, world=launched_world())
     if mix is not None:
         if venv is not None:
             raise ValueError("a mix builds its own envs: give it with an env id, not with a vector env")

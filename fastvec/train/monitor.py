@@ -30,7 +30,7 @@ __all__ = ["Monitor", "default_run_dir", "process_rss", "worker_health", "thin"]
 
 def default_run_dir(env_id: str, seed: int, root: str = "runs") -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    safe = env_id.replace("/", "_")
+    safe = env_id.replace("/", "_").replace(":", "_")  # (ALE/..., pettingzoo:...)
     base = os.path.join(root, f"{safe}-seed{seed}-{stamp}")
     path, k = base, 1
     while os.path.exists(path):

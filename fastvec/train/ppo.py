@@ -145,7 +145,8 @@ class PPO:
         self.env_steps += self.T * self.N * self.ranks.world
         b, tr = self.storage, self.tracker
         n_before = tr.episodes
-        tr.update(b.rewards[1:], b.terminated[1:], b.truncated[1:])
+        active = getattr(b, "active", None)  # (agents: the rows that acted at each step)
+        tr.update(b.rewards[1:], b.terminated[1:], b.truncated[1:], None if active is None else active[:-1])
         if tr.episodes != n_before:  # for the learning-curve PNG
             self.curve.append((self.env_steps, tr.mean()))
             thin(self.curve)  # bounded, however long the run

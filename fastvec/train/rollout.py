@@ -77,6 +77,8 @@ class Rollout:
         self.rewards = torch.from_numpy(storage.rewards)
         self.terminated = torch.from_numpy(storage.terminated)
         self.truncated = torch.from_numpy(storage.truncated)
+        active = getattr(storage, "active", None)  # [T+1, N]: the rows that act (agents); None: all
+        self.active = None if active is None else torch.from_numpy(active)
         dist = policy.dist
         self.gaussian = isinstance(dist, GaussianDist)
         self.shared = shared
@@ -151,6 +153,25 @@ class Rollout:
         if self._by_group is None:
             self._by_group = [[slots.rows(a, b) for slots in self.steps] for a, b in groups]
         return self._by_group
+
+    def acted(self) -> torch.Tensor | None:
+        """The samples (``t * N + n``) whose row acted, on the device; None where every
+        one did. A multi-agent env's agent that left its episode is a row that does not
+        act (``storage.active``) until its copy resets: no sample to learn from there."""
+        if self.active is None:
+            return None
+        mask = self.active[: self.T].reshape(-1)
+        if bool(mask.all()):
+            return None
+        return mask.nonzero().squeeze(1).to(self.device)
+
+    def acted_obs(self, first: int = 0) -> torch.Tensor:
+        """The observations of slots ``first..T`` that a row acted on (all of them
+        without ``storage.active``): what the observation normaliser takes in."""
+        obs = self.obs_dev[first:]
+        if self.active is None:
+            return obs
+        return obs[self.active[first:].to(obs.device)]
 
     # A recurrent policy's states (no-ops without one).
     def begin_sequences(self, last: Rollout | None) -> None:

@@ -29,20 +29,23 @@ class EpisodeTracker:
         self.recent_lengths: list[int] = []
         self.episodes = 0
 
-    def update(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
+    def update(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, acted=None) -> None:
+        """Take in a rollout's ``[T, n]`` rewards and flags; ``acted``: per step, the
+        envs that acted (an episode's length counts those steps; None: all did)."""
         T = rewards.shape[0]
         done = terminated | truncated
         if not done.any():
             self.ret += rewards.sum(0)
-            self.len += T
+            self.len += T if acted is None else acted.sum(0)
             return
         cum = np.cumsum(rewards, 0)
+        steps = np.cumsum(acted, 0) if acted is not None else np.broadcast_to(np.arange(1, T + 1)[:, None], done.shape)
         base_r = np.zeros_like(self.ret)
         base_t = np.zeros_like(self.len)
         ts, ns = np.nonzero(done)
         for t, n in zip(ts.tolist(), ns.tolist()):
             r = float(self.ret[n] + cum[t, n] - base_r[n])
-            length = int(self.len[n] + t + 1 - base_t[n])
+            length = int(self.len[n] + steps[t, n] - base_t[n])
             self.window.append(r)
             if self.group_of is not None:
                 self.group_windows[self.group_of[n]].append(r)
@@ -51,10 +54,10 @@ class EpisodeTracker:
             self.ret[n] = 0.0
             self.len[n] = 0
             base_r[n] = cum[t, n]
-            base_t[n] = t + 1
+            base_t[n] = steps[t, n]
         self.episodes += len(ts)
         self.ret += cum[-1] - base_r
-        self.len += T - base_t
+        self.len += steps[-1] - base_t
 
     def mean(self):
         return float(np.mean(self.window)) if self.window else None

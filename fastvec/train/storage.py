@@ -5,7 +5,8 @@
 ``terminated`` and ``truncated``; ``reset(seed)`` writes the first observations into slot
 0, ``step(t)`` steps every env on the actions in ``act[t]`` and writes step t's results
 into slot ``t`` (``final_obs`` where an episode ended), ``send``/``recv`` do the same per
-batch group, ``arrays()`` lists what to page-lock for CUDA, and ``close()``.
+batch group, ``arrays()`` lists what to page-lock for CUDA, and ``close()``. ``active``:
+which rows act at each step (None: all; ``fastvec.train.agent_storage`` for agents).
 
 - ``EngineStorage``: the engine's own shared memory, zero copy (``RayEngineStorage``: a
   ``fastvec.ray.RayEngine``'s, whose workers are on other nodes);
@@ -57,6 +58,9 @@ class RolloutStorage(Protocol):
     truncated: np.ndarray
     on_restart: Callable[[], None] | None
     """Called after a step in which a worker was replaced (the loop limits restarts)."""
+    active: np.ndarray | None
+    """``[T + 1, N]`` bool: whether row n acts on the observation in slot t (a
+    multi-agent env's agent that left its episode does not); None: every row, always."""
 
     @property
     def groups(self) -> list[tuple[int, int]]:
@@ -125,12 +129,13 @@ class EngineStorage:
     engine (it also does when the spaces do not suit the trainer). ``kind`` names the
     backend in the result; ``groups``: the batch groups (``TransportConfig.env_groups``)."""
 
+    active: np.ndarray | None = None  # every env acts at every step
+
     def __init__(self, engine, kind: str = "fastvec", groups: int = 1):
         self.kind = kind
         self.engine = eng = engine
         try:
-            _single_leaf(eng.single_observation_space, "observation")
-            _single_leaf(eng.single_action_space, "action")
+            self._check_spaces(eng)
             if eng.autoreset_mode != "same_step":
                 raise ValueError(
                     f"the PPO trainer needs an engine with autoreset_mode='same_step', got {eng.autoreset_mode!r}"
@@ -139,8 +144,21 @@ class EngineStorage:
         except ValueError:
             eng.close()
             raise
-        self.num_envs = eng.num_envs
         self.num_workers = eng.num_workers
+        self._views(eng)
+        self._step_async = eng.step_async
+        self._step_wait = eng.step_wait
+        self.on_restart: Callable[[], None] | None = None  # called after a step in which the engine replaced a worker
+        self._restarts_seen = 0
+        self._placement: dict | None = None
+
+    def _check_spaces(self, eng) -> None:
+        _single_leaf(eng.single_observation_space, "observation")
+        _single_leaf(eng.single_action_space, "action")
+
+    def _views(self, eng) -> None:
+        """The protocol's arrays: the engine's own (one env, one row)."""
+        self.num_envs = eng.num_envs
         self.single_observation_space = eng.single_observation_space
         self.single_action_space = eng.single_action_space
         self.obs = eng.obs_bufs[0]
@@ -149,11 +167,6 @@ class EngineStorage:
         self.rewards = eng.rewards
         self.terminated = eng.terminated
         self.truncated = eng.truncated
-        self._step_async = eng.step_async
-        self._step_wait = eng.step_wait
-        self.on_restart: Callable[[], None] | None = None  # called after a step in which the engine replaced a worker
-        self._restarts_seen = 0
-        self._placement: dict | None = None
 
     @property
     def restarts(self) -> list[dict]:
@@ -281,6 +294,7 @@ class _CopyStorage:
     single_observation_space: Any
     single_action_space: Any
     on_restart: Callable[[], None] | None = None  # never called: the vector env restarts nothing here
+    active: np.ndarray | None = None
 
     def _alloc_arrays(self, num_slots: int, pin: bool) -> None:
         _single_leaf(self.single_observation_space, "observation")

@@ -74,7 +74,7 @@ class Targets:
         cfg, ro, b, T, pol = self.cfg, rollout, rollout.storage, rollout.T, self.policy
         self.threads.use(self.threads.learn)
         if pol.obs_norm is not None:
-            pol.update_obs_norm(ro.obs_dev[1:], self.ranks)
+            pol.update_obs_norm(ro.acted_obs(1), self.ranks)
         term, trunc = b.terminated[1:], b.truncated[1:]
         boot = trunc & ~term
         current_logp = None  # the current weights' log-probs, where a pass computed them

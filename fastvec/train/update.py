@@ -119,12 +119,14 @@ class Updater:
         self.grad_steps += n_mb
         self.last_stats = (stats, lr, clip, epochs_done, stop)
 
-    def _advantages(self, rollout: Rollout, adv_weights) -> torch.Tensor:
-        """The batch's advantages, normalised over it (``norm_adv``) and weighted."""
+    def _advantages(self, rollout: Rollout, adv_weights, keep: torch.Tensor | None) -> torch.Tensor:
+        """The batch's advantages, normalised over the samples learned from (``keep``;
+        None: all) where ``norm_adv``, and weighted."""
         B, ranks = self.batch, self.ranks
         adv = rollout.adv.view(B)
-        if self.cfg.norm_adv and ranks.solo and B > 1:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        kept = adv if keep is None else adv[keep]
+        if self.cfg.norm_adv and ranks.solo and kept.numel() > 1:
+            adv = (adv - kept.mean()) / (kept.std() + 1e-8)
         elif self.cfg.norm_adv and B * ranks.world > 1:  # the run's mean and (unbiased) std
             n = B * ranks.world
             mean = ranks.sum_(adv.sum().reshape(1)) / n
@@ -137,11 +139,18 @@ class Updater:
     def _samples(self, rollout: Rollout, adv_weights):
         """The per-sample data as one float tensor ``[B, D + 4]`` (the observations first
         where they pack, ``D`` columns, then old log-prob, advantage, return, old value),
-        the observations (None where packed) and the actions."""
+        the observations (None where packed) and the actions; only the samples whose row
+        acted (``Rollout.acted``: all but a multi-agent env's agents that left)."""
+        data, obs, acts, D = self._all_samples(rollout, adv_weights, keep := rollout.acted())
+        if keep is None:
+            return data, obs, acts, D
+        return data[keep], None if obs is None else obs[keep], acts[keep], D
+
+    def _all_samples(self, rollout: Rollout, adv_weights, keep):
         B, pol, npl = self.batch, self.policy, self.np_learner
         obs = rollout.batch_obs()
         acts = rollout.batch_actions()
-        adv = self._advantages(rollout, adv_weights)
+        adv = self._advantages(rollout, adv_weights, keep)
         cols = [
             rollout.logp.view(B, 1),
             adv.view(B, 1),
@@ -183,7 +192,7 @@ class Updater:
     def _minibatches(self, data, obs, acts, D: int):
         """One epoch's minibatches of the batch permuted (one gather), as ``(observations,
         actions, old log-prob, advantage, return, old value)``."""
-        B, npl = self.batch, self.np_learner
+        B, npl = data.shape[0], self.np_learner  # (the samples learned from: the batch, or fewer)
         mb = min(self.cfg.minibatch_size, B)
         if mb < B:
             perm = torch.randperm(B, device=self.device)
