@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness.common import Parser, json_default, machine, span  # noqa: E402
+from harness.common import Parser, machine, span, write_results  # noqa: E402
 
 CANDIDATES = ("fastvec_gym", "fastvec_sb3", "supersuit", "serial")
 COPIES, AGENTS, ACTIONS = 16, 3, 5
@@ -187,14 +187,7 @@ def main(argv=None) -> int:
         for name in order:
             result["runs"][name].append(run_child(name, args))
             print(f"repeat {r + 1}: {name} {result['runs'][name][-1]['rows_per_s']:,.0f} rows/s", file=sys.stderr)
-    text = markdown(result)
-    print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "results.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump(result, f, indent=1, default=json_default)
+    write_results(args.out, markdown(result), result)
     return 0
 
 

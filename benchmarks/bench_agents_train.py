@@ -31,7 +31,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness.common import Parser, json_default, machine, span  # noqa: E402
+from harness.common import Parser, machine, span, write_results  # noqa: E402
 
 ENV = "pettingzoo:mpe2.simple_spread_v3"
 PUBLISHED = {"source": "MARLlib IPPO, shared GRU policy (simple_spread_v2 + 12.5)", "1M": -21.2, "20M": -20.85}
@@ -117,14 +117,7 @@ def main(argv=None) -> int:
     for seed in range(1, args.seeds + 1):
         res["runs"].append(train_seed(seed, args.steps))
         print(f"seed {seed}: {res['runs'][-1]['result']['final_mean_return']:.2f}", file=sys.stderr)
-    text = markdown(res)
-    print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "results.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump(res, f, indent=1, default=json_default)
+    write_results(args.out, markdown(res), res)
     return 0
 
 

@@ -184,6 +184,20 @@ class Progress:
             self.bar.close()
 
 
+def write_results(out: str | None, text: str, result: dict) -> None:
+    """Print a run's markdown; with ``out``, write it and its data there (``results.md``,
+    ``results.json``): the latest run of the benchmark."""
+    import json
+
+    print(text)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "results.md"), "w") as f:
+            f.write(text)
+        with open(os.path.join(out, "results.json"), "w") as f:
+            json.dump(result, f, indent=1, default=json_default)
+
+
 def json_default(o):
     import numpy as np
 
