@@ -80,11 +80,6 @@ class AgentStorage(EngineStorage):
         super().step(slot)
         self._settle(slot, seen)
 
-    def recv(self, g: int, slot: int) -> None:
-        seen = len(self.engine.restarts)
-        super().recv(g, slot)
-        self._settle(slot, seen)
-
     def _settle(self, slot: int, restarts_seen: int) -> None:
         """The corrections of the module's docstring, for the step into ``slot``
         (``restarts_seen``: the engine's restart records before it)."""

@@ -125,8 +125,9 @@ class Updater:
         B, ranks = self.batch, self.ranks
         adv = rollout.adv.view(B)
         kept = adv if keep is None else adv[keep]
-        if self.cfg.norm_adv and ranks.solo and kept.numel() > 1:
-            adv = (adv - kept.mean()) / (kept.std() + 1e-8)
+        if self.cfg.norm_adv and ranks.solo:
+            if kept.numel() > 1:
+                adv = (adv - kept.mean()) / (kept.std() + 1e-8)
         elif self.cfg.norm_adv and B * ranks.world > 1:  # the run's mean and (unbiased) std
             n = B * ranks.world
             mean = ranks.sum_(adv.sum().reshape(1)) / n
