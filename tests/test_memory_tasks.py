@@ -94,15 +94,16 @@ def test_the_preset_trains_and_evaluates_through_the_cli(tmp_path, capsys):
     assert ev["episodes"] == 4 and ev["mean_length"] == 51.0
 
 
-def test_fastvec_train_imports_without_popgym():
+def test_fastvec_train_imports_without_popgym(tmp_path):
     """Where popgym cannot be imported, ``fastvec.train`` imports, CartPoleNoVel-v1 is
-    still registered and no popgym id is."""
+    still registered and no popgym id is (run outside the source tree, whose unbuilt
+    ``fastvec`` would shadow the installed one)."""
     code = (
         "import sys; sys.modules['popgym'] = None\n"
         "import gymnasium as gym, fastvec.train\n"
         "from fastvec.train import envs\n"
         "print(envs.HAS_POPGYM, 'CartPoleNoVel-v1' in gym.registry, any(k.startswith('popgym') for k in gym.registry))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True", "False"]
