@@ -18,7 +18,7 @@ pytest.importorskip("pettingzoo")
 from test_agents import Reference, random_actions
 
 from fastvec.bench import main as bench_main
-from fastvec.train import PPO, PPOConfig, apply_overrides, run_training
+from fastvec.train import PPO, PPOConfig, apply_overrides, preset_for, run_training
 from fastvec.train.agent_storage import AgentStorage
 from fastvec.train.checkpoints import load_checkpoint
 from fastvec.train.cli import main as cli_main
@@ -90,18 +90,54 @@ def test_storage_rows_match_the_serial_loop_as_agents_leave(box_actions):
         storage.close()
 
 
+def test_the_trainers_episodes_over_rollouts_are_the_serial_loops():
+    """Five lock-step rollouts of 8 steps (``LockStep``: each starts where the last
+    ended): the episodes the trainer counts (returns, and lengths in the steps each agent
+    acted) are those of the serial loop replaying the actions the trainer took."""
+    from fastvec.train.schedule import LockStep
+
+    cfg = _config("normalize_obs=false")
+    storage = build_storage(DWINDLE, cfg)
+    try:
+        ppo = PPO(cfg, storage, torch.device("cpu"))
+        ppo.restart_envs(cfg.seed)
+        schedule, taken = LockStep(ppo), []
+        for _ in range(5):
+            schedule.collect()
+            taken.extend(storage.act[1 : cfg.n_steps + 1].copy())
+            schedule.learn()
+        returns, lengths = ppo.tracker.drain()
+    finally:
+        storage.close()
+    ref = _serial(cfg.seed)
+    _obs, acting = ref.reset(cfg.seed)
+    ret, length, episodes = np.zeros(9), np.zeros(9, np.int64), []
+    for actions in taken:
+        _obs, rew, term, trunc, active, _finals = ref.step(actions)
+        ret += rew
+        length += acting
+        for row in np.flatnonzero(term | trunc):
+            episodes.append((round(float(ret[row]), 4), int(length[row])))
+            ret[row], length[row] = 0.0, 0
+        acting = active
+    assert len(episodes) > 20
+    assert sorted(zip(np.round(returns, 4), lengths)) == sorted(episodes)
+
+
 def _update(ppo, seed):
     torch.manual_seed(seed)
     ppo.update()
     return ppo.flat_param.detach().clone()
 
 
-def test_samples_of_agents_that_left_do_not_change_the_update():
+@pytest.mark.parametrize("core", ["none", "lstm"])
+def test_samples_of_agents_that_left_do_not_change_the_update(core):
     """The same update from the same rollout, once as it is and once with every
     sample of a row that did not act replaced by garbage (its observation, advantage,
-    return, value and log-prob): the same weights. Garbage in one acted sample: other
-    weights (so the comparison can fail)."""
-    cfg = _config("minibatch_size=24", "n_epochs=2", "normalize_obs=false")
+    return, value and log-prob): the same weights and explained variance (an LSTM's
+    sequences run through the garbage, and start afresh where the row acts again).
+    Garbage in one acted sample: other weights (so the comparison can fail)."""
+    cfg = _config("minibatch_size=24", "n_epochs=2", "normalize_obs=false", f"policy_core={core}", "bptt=4")
     storage = build_storage(DWINDLE, cfg)
     try:
         ppo = PPO(cfg, storage, torch.device("cpu"))
@@ -123,13 +159,141 @@ def test_samples_of_agents_that_left_do_not_change_the_update():
             mask = torch.from_numpy(garbage)
             for x in (ro.adv, ro.ret, ro.values[: ro.T], ro.logp, ro.obs[: ro.T]):
                 x[mask] = 1e3
-            return _update(ppo, 0)
+            weights = _update(ppo, 0)
+            return weights, ppo.updater.summary(ro)["losses/explained_variance"]
 
-        want = again(np.zeros_like(idle))
-        torch.testing.assert_close(again(idle), want, rtol=0, atol=0)
+        want, want_ev = again(np.zeros_like(idle))
+        got, got_ev = again(idle)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert got_ev == want_ev
         one = np.zeros_like(idle)
         one[np.argwhere(~idle)[0][0], np.argwhere(~idle)[0][1]] = True
-        assert not torch.equal(again(one), want)
+        got, got_ev = again(one)
+        assert not torch.equal(got, want) and got_ev != want_ev
+    finally:
+        storage.close()
+
+
+def test_an_lstm_over_agent_rows_remembers_each_agent_episode_alone():
+    """Two rollouts of an LSTM policy over Dwindle's rows: at every step a row acted,
+    the rollout's value and old log-prob equal the policy stepped through that agent's
+    own episode alone (its acted observations only, from a zero state): no memory
+    crosses from one agent episode into the next, nor through the steps a row idles."""
+    from test_recurrent import _stepwise
+
+    cfg = _config("policy_core=lstm", "core_size=8", "normalize_obs=false", T=16)
+    storage = build_storage(DWINDLE, cfg)
+    try:
+        ppo = PPO(cfg, storage, torch.device("cpu"))
+        ppo.restart_envs(cfg.seed)
+        ro, pol, T = ppo.rollout, ppo.policy, cfg.n_steps
+        obs, values, logp, acted, ended = [], [], [], [], []
+        for _ in range(2):
+            ppo.collect()
+            ppo.prepare()
+            obs.append(ro.obs[:T].clone())
+            values.append(ro.values[:T].clone())
+            logp.append(ro.logp.clone())
+            acted.append(storage.active[:T].copy())
+            ended.append(storage.terminated[1:] | storage.truncated[1:])  # the agent's step t ended its episode
+        obs, values, logp = torch.cat(obs), torch.cat(values), torch.cat(logp)
+        acted, ended = np.concatenate(acted), np.concatenate(ended)
+        acts = torch.cat([a.view(T, ro.N, *a.shape[1:]) for a in [ro.batch_actions()]])  # (the last rollout's)
+        episodes = 0
+        for r in range(ro.N):
+            steps = np.flatnonzero(acted[:, r])
+            first = np.ones(len(steps), bool)  # where an agent episode starts among them
+            first[1:] = ended[steps[:-1], r] | (np.diff(steps) > 1)
+            episodes += first.sum()
+            with torch.no_grad():
+                p, v, _fed = _stepwise(
+                    pol, obs[steps, r : r + 1], torch.zeros(1, pol.state_size), torch.from_numpy(first[:, None])
+                )
+            torch.testing.assert_close(values[steps, r], v[:, 0], rtol=1e-5, atol=1e-5)
+            last = steps >= T  # the second rollout's steps: its actions are at hand
+            want = pol.dist.log_prob(p[last, 0], acts[steps[last] - T, r])
+            torch.testing.assert_close(logp[steps[last], r], want, rtol=1e-5, atol=1e-5)
+        assert episodes > 2 * ro.N and (~acted).sum() > 20, "agent episodes must end inside the rollouts"
+    finally:
+        storage.close()
+
+
+def test_eval_feeds_each_agent_episode_a_fresh_state():
+    """``fastvec eval``'s loop over agent rows with an LSTM policy: the state fed is zero
+    exactly at each agent episode's first step (after the agent's own end, or the idle
+    steps until its copy resets), never inside an episode."""
+    from test_agents import Dwindle
+
+    from fastvec.doors.agents import AgentVectorEnv
+    from fastvec.train.evaluate import _episodes
+    from fastvec.train.policies import make_policy
+
+    venv = AgentVectorEnv([Dwindle] * 2, autoreset_mode="same_step", num_workers=1)
+    torch.manual_seed(0)
+    pol = make_policy(venv.single_observation_space, venv.single_action_space, core="lstm", core_size=8)
+    fed, acting, ended = [], [], []
+
+    class Spy:
+        recurrent, state_size = True, pol.state_size
+
+        def predict(self, obs, deterministic, state):
+            fed.append(state.clone())
+            acting.append(venv.active)
+            return pol.predict(obs, deterministic, state)
+
+    class Flags:  # the vector env, its step's flags recorded
+        def __getattr__(self, name):
+            return getattr(venv, name)
+
+        def step(self, actions):
+            out = venv.step(actions)
+            ended.append(out[2] | out[3])
+            return out
+
+    try:
+        returns, _lengths, _g, _s = _episodes(Flags(), Spy(), np.zeros(6, np.int64), 30, 0, True)
+    finally:
+        venv.close()
+    assert len(returns) == 30
+    zero = torch.stack([(f == 0).all(1) for f in fed]).numpy()  # [steps, rows]
+    acting, ended = np.array(acting), np.array(ended)
+    starts = acting.copy()  # an agent episode's first step: after the row idled, or right after its end
+    starts[1:] &= ~acting[:-1] | ended[: len(acting) - 1]
+    assert starts[1:].sum() > 20
+    np.testing.assert_array_equal(zero[acting], starts[acting])
+
+
+def test_the_reward_scale_counts_the_rows_that_acted_only():
+    """``normalize_reward``: the same rollout's targets twice from the same scaler
+    state, once with every reward of a row that did not act replaced by garbage: the
+    same scale and the same advantages wherever a row acted (an agent that left has no
+    return to count). Garbage in one acted reward: another scale."""
+    cfg = _config("normalize_reward=true", "normalize_obs=false")
+    storage = build_storage(DWINDLE, cfg)
+    try:
+        ppo = PPO(cfg, storage, torch.device("cpu"))
+        ppo.restart_envs(cfg.seed)
+        ppo.collect()
+        ro, scaler = ppo.rollout, ppo.targets.reward_scaler
+        acted = storage.active[: ro.T].copy()
+        assert (~acted).sum() > 5
+        start = (scaler.state(), scaler.acc.copy(), storage.rewards.copy())
+
+        def targets(garbage):
+            scaler.load(start[0])
+            scaler.acc[:] = start[1]
+            storage.rewards[:] = start[2]
+            storage.rewards[1:][garbage] = 1e3
+            ppo.prepare()
+            return scaler.var, ro.adv[torch.from_numpy(acted)].clone()
+
+        want_var, want_adv = targets(np.zeros_like(acted))
+        got_var, got_adv = targets(~acted)
+        assert got_var == want_var
+        torch.testing.assert_close(got_adv, want_adv, rtol=0, atol=0)
+        one = np.zeros_like(acted)
+        one[tuple(np.argwhere(acted)[0])] = True
+        assert targets(one)[0] != want_var
     finally:
         storage.close()
 
@@ -157,11 +321,58 @@ def test_simple_spread_trains_past_random_play_then_evaluates_and_resumes(tmp_pa
     assert resumed["resumed"] and resumed["env_steps"] >= 110000
 
 
+def test_an_lstm_policy_trains_evaluates_and_resumes_on_agent_rows(tmp_path, capsys):
+    """``policy_core=lstm`` on a PettingZoo env through the CLI: it trains, the
+    checkpoint holds the core, ``fastvec eval`` carries each row's state, a resume goes on."""
+    run = tmp_path / "dwindle"
+    args = [DWINDLE, "--total-steps", "1000", "--logdir", str(run), "--no-progress", "--no-tensorboard"]
+    over = ["--set", "num_envs=4", "--set", "n_steps=32", "--set", "policy_core=lstm", "--set", "bptt=8"]
+    assert cli_main("train", [*args, *over, "--set", "minibatch_size=64"]) == 0
+    assert load_checkpoint(str(run / "checkpoint.pt"))["config"]["policy_core"] == "lstm"
+    capsys.readouterr()
+    assert cli_main("eval", [str(run), "--episodes", "12"]) == 0
+    ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert ev["episodes"] == 12 and 1 <= ev["mean_length"] <= 6
+    assert cli_main("train", ["--resume", str(run), "--total-steps", "1500", "--no-progress"]) == 0
+    assert json.loads((run / "result.json").read_text())["env_steps"] >= 1500
+
+
+@pytest.mark.parametrize("core", ["none", "lstm"])
+def test_async_at_lag_0_is_the_lockstep_run_on_agent_rows(tmp_path, core):
+    """``pipeline=async`` with ``max_policy_lag=0`` over Dwindle's rows: the learner
+    process sees the ring as the same rows (``agent_views``) and the run ends with the
+    lock-step run's weights, optimiser state and statistics, bit for bit."""
+    from test_pipeline import _assert_same_run, _run
+
+    def make(**c):
+        over = ["total_steps=2304", "n_steps=32", "minibatch_size=96", "normalize_reward=true", "torch_threads=1"]
+        return _config(*over, f"policy_core={core}", "bptt=8", *(f"{k}={v}" for k, v in c.items()), num_envs=4)
+
+    ra, a = _run(tmp_path, "lock", make(), env=DWINDLE)
+    rb, b = _run(tmp_path, "async", make(pipeline="async", max_policy_lag=0), env=DWINDLE)
+    assert ra["pipeline"] == "lockstep" and rb["pipeline"] == "async" and ra["episodes"] > 100
+    _assert_same_run(a, b, ra, rb)
+
+
+def test_async_with_a_lag_learns_simple_spread(tmp_path):
+    """The preset with ``pipeline=async`` (lag 1): past random play (-27) within 100k agent steps."""
+    pytest.importorskip("mpe2")
+    cfg = apply_overrides(PPOConfig(), preset_for("pettingzoo:mpe2.simple_spread_v3"))
+    apply_overrides(cfg, ["pipeline=async", "max_policy_lag=1", "total_steps=100000", "seed=1"])
+    res = run_training(
+        "pettingzoo:mpe2.simple_spread_v3",
+        cfg.validate(),
+        run_dir=str(tmp_path / "r"),
+        progress=False,
+        tensorboard=False,
+    )
+    assert res["pipeline"] == "async" and res["pipeline_stats"]["policy_lag_max"] <= 1
+    assert res["final_mean_return"] > -24.0, res["final_mean_return"]
+
+
 @pytest.mark.parametrize(
     "flags, match",
     [
-        (["--set", "pipeline=async"], "pipeline=async is not built for PettingZoo envs"),
-        (["--set", "policy_core=lstm"], "policy_core=lstm is not built"),
         (["--set", "env_groups=2"], "env_groups=2 is not built"),
         (["--nproc", "2"], "2 ranks is not built"),
         (["--backend", "ray"], "not with backend='ray'"),

@@ -21,11 +21,13 @@ class Parser(argparse.ArgumentParser):
 
 
 def span(vals, fmt: str = "{:.2f}") -> str:
-    """``median (min-max)`` of the values that are not None ("n/a" for none)."""
+    """``median (min-max)`` of the values that are not None ("n/a" for none); ``(min to
+    max)`` where a value is negative, so that no minus sign reads as the range's dash."""
     vals = [v for v in vals if v is not None]
     if not vals:
         return "n/a"
-    return f"{fmt.format(statistics.median(vals))} ({fmt.format(min(vals))}-{fmt.format(max(vals))})"
+    sep = " to " if min(vals) < 0 else "-"
+    return f"{fmt.format(statistics.median(vals))} ({fmt.format(min(vals))}{sep}{fmt.format(max(vals))})"
 
 
 def parse(parser: argparse.ArgumentParser, argv):

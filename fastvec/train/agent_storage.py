@@ -48,24 +48,16 @@ class AgentStorage(EngineStorage):
             )
 
     def _views(self, eng) -> None:
-        names = list(eng.single_observation_space.spaces)  # the engine's leaves, in the Dict's order
-        leaf, final = dict(zip(names, eng.obs_bufs)), dict(zip(names, eng.final_bufs))
-        rows = self._rows
+        self.agent_leaves = list(eng.single_observation_space.spaces)  # the engine's leaves, in the Dict's order
         self.num_envs = self.agent_rows.num_rows
         self.single_observation_space = self.spec.observation_space
         self.single_action_space = self.spec.action_space
-        self.obs, self.final_obs, self.act = rows(leaf["obs"]), rows(final["obs"]), rows(eng.act_bufs[0])
-        self.rewards, self.active = rows(leaf["reward"]), rows(leaf["active"])
-        self.terminated, self.truncated = rows(leaf["terminated"]), rows(leaf["truncated"])
-        self._final = {k: rows(final[k]) for k in ("reward", "terminated", "truncated", "active")}
+        v = agent_views(self.agent_leaves, eng.obs_bufs, eng.final_bufs, eng.act_bufs[0], self.num_envs)
+        self.obs, self.final_obs, self.act, self.rewards = v["obs"], v["final_obs"], v["act"], v["rewards"]
+        self.terminated, self.truncated, self.active = v["terminated"], v["truncated"], v["active"]
+        final = dict(zip(self.agent_leaves, eng.final_bufs))
+        self._final = {k: _rows(final[k], self.num_envs) for k in ("reward", "terminated", "truncated", "active")}
         self._copy_term, self._copy_trunc = eng.terminated, eng.truncated
-
-    def _rows(self, array: np.ndarray) -> np.ndarray:
-        """A ring array ``[S, N, M, ...]`` as ``[S, N * M, ...]``: a view, never a copy."""
-        view = array.reshape((array.shape[0], self.agent_rows.num_rows) + array.shape[3:])
-        if not np.shares_memory(view, array):  # (the ring's arrays are contiguous: cannot happen)
-            raise RuntimeError("an agent view of the ring would be a copy")
-        return view
 
     def arrays(self) -> list[np.ndarray]:
         return [self.obs, self.final_obs, self.act, self.rewards, self.terminated, self.truncated, self.active]
@@ -104,6 +96,25 @@ class AgentStorage(EngineStorage):
             self.final_obs[slot, left] = self.obs[slot, left]
 
 
+def agent_views(leaves: list[str], obs_bufs, final_bufs, act_buf, num_rows: int) -> dict:
+    """The trainer's arrays over a ring of ``ParallelCopy`` envs (``leaves``: the names
+    of its observation leaves, in order): ``obs``, ``final_obs``, ``act``, ``rewards``,
+    ``terminated``, ``truncated`` and ``active`` as ``[S, num_rows, ...]`` views. The
+    storage's, and the async learner's over the ring it maps."""
+    leaf, final = dict(zip(leaves, obs_bufs)), dict(zip(leaves, final_bufs))
+    out = {"obs": leaf["obs"], "final_obs": final["obs"], "act": act_buf, "rewards": leaf["reward"]}
+    out.update({k: leaf[k] for k in ("terminated", "truncated", "active")})
+    return {k: _rows(a, num_rows) for k, a in out.items()}
+
+
+def _rows(array: np.ndarray, num_rows: int) -> np.ndarray:
+    """A ring array ``[S, N, M, ...]`` as ``[S, N * M, ...]``: a view, never a copy."""
+    view = array.reshape((array.shape[0], num_rows) + array.shape[3:])
+    if not np.shares_memory(view, array):  # (the ring's arrays are contiguous: cannot happen)
+        raise RuntimeError("an agent view of the ring would be a copy")
+    return view
+
+
 def check_agent_run(cfg, *, venv=None, mix=None, backend: str = "engine", world: int = 1) -> None:
     """ValueError (before any process starts) where a run on a PettingZoo env cannot do
     what ``cfg`` asks (what is not built for agent rows yet, named)."""
@@ -113,14 +124,9 @@ def check_agent_run(cfg, *, venv=None, mix=None, backend: str = "engine", world:
         )
         raise ValueError(f"a PettingZoo env trains on fastvec's engine on this machine, not with {other}")
     unsupported = [
-        (cfg.pipeline != "lockstep", f"pipeline={cfg.pipeline}"),
-        (cfg.policy_core != "none", f"policy_core={cfg.policy_core}"),
         (cfg.env_groups != 1, f"env_groups={cfg.env_groups}"),
         (world != 1, f"{world} ranks"),
     ]
     for asked, what in unsupported:
         if asked:
-            raise ValueError(
-                f"{what} is not built for PettingZoo envs yet (their agent rows train in lock-step, "
-                "on one rank, without a recurrent core)"
-            )
+            raise ValueError(f"{what} is not built for PettingZoo envs yet (their agent rows train on one rank)")

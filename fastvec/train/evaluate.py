@@ -154,8 +154,8 @@ def _episodes(venv, pol, group, episodes: int, seed: int, deterministic: bool):
         obs, r, term, trunc, _ = venv.step(act)
         ep_ret += r
         ep_len += acting
-        if state is not None:
-            state[torch.from_numpy(term | trunc)] = 0.0
+        if state is not None:  # (agents: a row that did not act starts afresh when its copy resets)
+            state[torch.from_numpy((term | trunc) | ~np.asarray(acting, bool))] = 0.0
         for i in np.flatnonzero(term | trunc):
             if counts[i] < targets[i]:
                 returns.append(float(ep_ret[i]))

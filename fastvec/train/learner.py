@@ -108,6 +108,20 @@ def _next_message(conn, parent: int, learner):
         learner.t_wait += time.perf_counter() - t0
 
 
+def _ring_views(ring: dict, spec: dict) -> dict:
+    """The storage protocol's arrays over the mapped ring: the engine's own, or a
+    PettingZoo env's copies seen as agent rows (as the collector's ``AgentStorage``)."""
+    leaves = spec.get("agent_leaves")
+    if leaves is None:
+        names = ("obs0", "final0", "act0", "rewards", "terminated", "truncated")
+        return dict(zip(("obs", "final_obs", "act", "rewards", "terminated", "truncated"), (ring[n] for n in names)))
+    from .agent_storage import agent_views
+
+    n = range(len(leaves))
+    obs, final = [ring[f"obs{i}"] for i in n], [ring[f"final{i}"] for i in n]
+    return agent_views(leaves, obs, final, ring["act0"], spec["num_envs"])
+
+
 class _Learner:
     """The learner process's state: a ``PPO`` over the mapped sections (it never acts),
     the weights versions it published, its safe point."""
@@ -133,13 +147,8 @@ class _Learner:
             num_workers=None,
             single_observation_space=obs_space,
             single_action_space=act_space,
-            obs=ring["obs0"],
-            final_obs=ring["final0"],
-            act=ring["act0"],
-            rewards=ring["rewards"],
-            terminated=ring["terminated"],
-            truncated=ring["truncated"],
             groups=[(0, spec["num_envs"])],
+            **_ring_views(ring, spec),
         )
         T = cfg.n_steps
         self.sections = [RingSection(full, k, T) for k in range(cfg.rollout_buffers)]

@@ -53,7 +53,7 @@ from .config import PPOConfig
 from .handoff import Handoff, collector_part, merge_state, plan_handoff, published_tensors, without_moments
 from .learner_process import LearnerError, LearnerLink, LearnerProcess, learner_error
 from .ranks import learners_spec
-from .ring import RingSection
+from .ring import RingSection, start_where_left
 from .rollout import Rollout
 from .schedule import Saved
 from .wire import learner_env
@@ -130,6 +130,7 @@ class Pipeline:
             "cfg": self.cfg.to_dict(),
             "spaces": (self.storage.single_observation_space, self.storage.single_action_space),
             "num_envs": self.storage.num_envs,
+            "agent_leaves": getattr(self.storage, "agent_leaves", None),  # (agents: the ring is seen as rows)
             "engine": (eng.shm_name, eng.segment_entries),
             "pipeline": (self.segment.name, self.plan.entries),
             "policy": {k: v.detach().cpu() for k, v in ppo.policy.state_dict().items()},
@@ -161,8 +162,7 @@ class Pipeline:
         self.t_wait += time.perf_counter() - t0
         k = r % self.K
         if r:
-            prev = self.sections[(r - 1) % self.K]
-            np.copyto(self.sections[k].obs[0], prev.obs[self.T])  # the rollout starts where the last ended
+            start_where_left(self.sections[(r - 1) % self.K], self.sections[k], self.T)
         ppo.use_rollout(*self.rollouts[k])
         self._versions = self.handoff.versions(k)
         if cfg.max_policy_lag == 0:

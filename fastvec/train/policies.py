@@ -52,11 +52,13 @@ class Sequences(NamedTuple):
     """``B`` sequences of ``L`` steps for a recurrent policy's batched passes: the
     observations ``[L, B, ...]``, the state fed at step 0 ``[B, state_size]`` and where
     episodes start ``[L, B]`` (bool). Results over them are flat, step-major: row
-    ``t * B + b`` is step ``t`` of sequence ``b``."""
+    ``t * B + b`` is step ``t`` of sequence ``b``. ``keep``: the rows that count in a
+    loss (``params_and_value`` returns those only: agents' rows that acted); None: all."""
 
     obs: torch.Tensor
     state: torch.Tensor
     starts: torch.Tensor
+    keep: torch.Tensor | None = None
 
 
 def is_image_space(space: spaces.Space) -> bool:
@@ -226,7 +228,7 @@ class ActorCritic(nn.Module):
         observations, or ``Sequences`` (a recurrent policy's; flat, step-major)."""
         if isinstance(obs, Sequences):
             params, v, _left = self.sequence_pass(obs)
-            return params, v
+            return (params, v) if obs.keep is None else (params[obs.keep], v[obs.keep])
         fa, fc = self.features(self.preprocess(obs))
         return self.actor_head(fa), self.critic_head(fc).squeeze(-1)
 

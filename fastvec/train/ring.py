@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from .config import PPOConfig
 
-__all__ = ["RingSection", "ring_slots", "check_ring"]
+__all__ = ["RingSection", "ring_slots", "check_ring", "start_where_left"]
 
 
 def ring_slots(cfg: PPOConfig) -> int:
@@ -31,6 +33,14 @@ def check_ring(cfg: PPOConfig, storage) -> None:
         )
 
 
+def start_where_left(last, nxt, T: int) -> None:
+    """Storage ``nxt``'s slot 0 is storage ``last``'s slot T (the same one in lock-step,
+    the ring's previous section in async): the observations and (agents) which rows act."""
+    np.copyto(nxt.obs[0], last.obs[T])
+    if getattr(last, "active", None) is not None:
+        np.copyto(nxt.active[0], last.active[T])
+
+
 class RingSection:
     """Section k of an ``EngineStorage`` whose ring holds K rollouts: the
     ``RolloutStorage`` protocol over slots ``[k (T + 1), (k + 1) (T + 1))``, so ``PPO``
@@ -45,6 +55,8 @@ class RingSection:
             storage.terminated[rows],
             storage.truncated[rows],
         )
+        active = getattr(storage, "active", None)  # (agents: the rows that act)
+        self.active = None if active is None else active[rows]
         self.kind, self.num_envs, self.num_workers = storage.kind, storage.num_envs, storage.num_workers
         self.single_observation_space = storage.single_observation_space
         self.single_action_space = storage.single_action_space

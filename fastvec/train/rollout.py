@@ -187,8 +187,11 @@ class Rollout:
 
     def mark_starts(self, t: int) -> None:
         """After the envs' step into slot ``t``: where it ended an episode, the state fed
-        at ``t`` is zero."""
+        at ``t`` is zero; so is it where a row did not act at ``t - 1`` (agents: an
+        agent that left starts afresh when its copy resets)."""
         ended = self.terminated[t] | self.truncated[t]
+        if self.active is not None:
+            ended = ended | ~self.active[t - 1]
         self.starts[t].copy_(ended, non_blocking=True)
         self.states[t].mul_((~self.starts[t]).unsqueeze(-1))
 

@@ -22,7 +22,7 @@ from .config import PPOConfig
 from .host_memory import HostPin
 from .ppo import PPO
 from .ranks import SOLO, Ranks
-from .ring import RingSection
+from .ring import RingSection, start_where_left
 
 __all__ = ["Saved", "Schedule", "LockStep", "trainer_for"]
 
@@ -94,7 +94,7 @@ class LockStep:
         ppo = self.ppo
         ppo.prepare()
         ppo.update()
-        ppo.rollout.obs[0].copy_(ppo.rollout.obs[ppo.T])  # the next rollout starts where this one ended
+        start_where_left(ppo.storage, ppo.storage, ppo.T)  # the next rollout starts where this one ended
 
     def safe_point(self) -> Saved:
         return Saved(self.ppo, self.ppo.train_state())

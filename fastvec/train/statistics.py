@@ -119,16 +119,18 @@ class RewardScaler:
     def load(self, state: dict) -> None:
         self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
 
-    def __call__(self, rewards, done, ranks: Ranks = SOLO) -> np.ndarray:
+    def __call__(self, rewards, done, ranks: Ranks = SOLO, acted=None) -> np.ndarray:
         """``rewards`` ``[T, n]`` scaled; the running scale takes in this batch's
-        discounted returns (every rank's, ``ranks``)."""
+        discounted returns (every rank's, ``ranks``); ``acted``: ``[T, n]``, the steps
+        whose row acted (agents: an agent that left has no return to count; None: all)."""
         T = rewards.shape[0]
         rets = np.empty_like(rewards)
+        counted = rewards if acted is None else np.where(acted, rewards, 0.0)
         for t in range(T):
-            self.acc = self.acc * self.gamma + rewards[t]
+            self.acc = self.acc * self.gamma + counted[t]
             rets[t] = self.acc
             self.acc[done[t]] = 0.0
-        b_mean, b_var, n = _moments(rets, ranks)
+        b_mean, b_var, n = _moments(rets if acted is None else rets[acted], ranks)
         delta = b_mean - self.mean
         tot = self.count + n
         self.mean += delta * n / tot
@@ -140,7 +142,7 @@ class RewardScaler:
 def _moments(x: np.ndarray, ranks: Ranks):
     """Mean, population variance and count of ``x``'s items over every rank's."""
     if ranks.solo:
-        return x.mean(), x.var(), x.size
+        return (x.mean(), x.var(), x.size) if x.size else (0.0, 0.0, 0)
     n, total = ranks.floats([x.size, x.sum()])
     mean = total / n
     (sq,) = ranks.floats([np.square(x - mean).sum()])

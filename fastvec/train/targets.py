@@ -93,7 +93,8 @@ class Targets:
                 ro.next_values_np[ts, ns] = v_final
         rewards = b.rewards[1:]
         if self.reward_scaler is not None:
-            rewards = self.reward_scaler(rewards, term | trunc, self.ranks)
+            acted = None if ro.active is None else ro.active[:T].numpy()
+            rewards = self.reward_scaler(rewards, term | trunc, self.ranks, acted)
         log_rhos = None if acted_by is None else self._log_rhos(ro, current_logp)
         self._advantages(ro, rewards, term, trunc, log_rhos)
         self.adv_weights = None

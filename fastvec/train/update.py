@@ -141,9 +141,10 @@ class Updater:
         """The per-sample data as one float tensor ``[B, D + 4]`` (the observations first
         where they pack, ``D`` columns, then old log-prob, advantage, return, old value),
         the observations (None where packed) and the actions; only the samples whose row
-        acted (``Rollout.acted``: all but a multi-agent env's agents that left)."""
+        acted (``Rollout.acted``: all but a multi-agent env's agents that left); a
+        recurrent policy's sequences keep every sample (``_sequences`` leaves them out)."""
         data, obs, acts, D = self._all_samples(rollout, adv_weights, keep := rollout.acted())
-        if keep is None:
+        if keep is None or self.policy.recurrent:
             return data, obs, acts, D
         return data[keep], None if obs is None else obs[keep], acts[keep], D
 
@@ -213,8 +214,10 @@ class Updater:
         ``bptt`` steps (sequence ``c``: env ``c % N``, from step ``(c // N) bptt``), the
         sequences permuted, a minibatch ``minibatch_size / bptt`` of them, its
         observations as ``Sequences`` from the states recorded at their starts (its other
-        columns flat, step-major, as ``Sequences`` results are)."""
+        columns flat, step-major, as ``Sequences`` results are). The samples of rows that
+        did not act (agents) run through the sequences but count in no loss."""
         ro, cfg, dev = self._rollout, self.cfg, self.device
+        acted = None if ro.acted() is None else ro.active[: ro.T].reshape(-1).to(dev)
         T, N = ro.T, ro.N
         L = cfg.bptt or T
         C = N * (T // L)
@@ -225,7 +228,8 @@ class Updater:
         rows = steps * N + env  # their samples
         for a in range(0, C, per):
             r = rows[:, a : a + per].reshape(-1)
-            if r.numel() < 2:
+            keep = None if acted is None else acted[r].nonzero().squeeze(1)
+            if (r.numel() if keep is None else keep.numel()) < 2:
                 continue
             cols = data[r]
             o = cols[:, :D] if obs is None else obs[r]
@@ -233,8 +237,12 @@ class Updater:
                 o.view(L, -1, *o.shape[1:]),
                 ro.states[first[a : a + per], env[a : a + per]],
                 ro.starts[steps[:, a : a + per], env[a : a + per]],
+                keep,
             )
-            yield seq, acts[r], cols[:, D], cols[:, D + 1], cols[:, D + 2], cols[:, D + 3]
+            a_r = acts[r]
+            if keep is not None:
+                cols, a_r = cols[keep], a_r[keep]
+            yield seq, a_r, cols[:, D], cols[:, D + 1], cols[:, D + 2], cols[:, D + 3]
 
     def _minibatch(self, *args) -> bool:
         """A minibatch's loss and gradient: numpy's where it covers the policy, else autograd's."""
@@ -335,6 +343,9 @@ class Updater:
         with torch.no_grad():
             ret = rollout.ret.reshape(-1)
             v = rollout.values[: rollout.T].reshape(-1)
+            keep = rollout.acted()  # (agents: not the samples of rows whose agent left)
+            if keep is not None:
+                ret, v = ret[keep], v[keep]
             var_y = ret.var()
             ev = float(1.0 - (ret - v).var() / var_y) if var_y > 0 else float("nan")
         out = {
