@@ -6,7 +6,9 @@ and a published figure.
     python benchmarks/bench_agents_train.py --quick           # 1 seed, 50k steps, no files
 
 Each seed is ``fastvec train pettingzoo:mpe2.simple_spread_v3`` (its preset: 3 agents x
-16 copies = 48 rows) in a fresh process, for ``--steps`` agent steps; its
+16 copies = 48 rows) in a fresh process, for ``--steps`` agent steps, once per candidate
+(the preset; the preset with an LSTM core; the preset with ``pipeline=async``, policy lag
+1), the candidates' order rotating from seed to seed; its
 ``metrics.jsonl`` gives the curve (the mean over the last 100 agent episodes at each
 logging point). Random play: uniform actions on the same env, ``--random-episodes``
 episodes. The returns are per agent per episode (25 steps), PettingZoo's defaults
@@ -36,6 +38,11 @@ from harness.common import Parser, machine, span, write_results  # noqa: E402
 ENV = "pettingzoo:mpe2.simple_spread_v3"
 PUBLISHED = {"source": "MARLlib IPPO, shared GRU policy (simple_spread_v2 + 12.5)", "1M": -21.2, "20M": -20.85}
 MARKS = (100_000, 250_000, 500_000, 1_000_000)
+CANDIDATES = {
+    "preset": [],
+    "preset + LSTM": ["--set", "policy_core=lstm", "--set", "bptt=16"],
+    "preset, async": ["--set", "pipeline=async"],
+}
 
 
 def random_play(episodes: int, seed: int) -> list[float]:
@@ -53,12 +60,12 @@ def random_play(episodes: int, seed: int) -> list[float]:
     return returns
 
 
-def train_seed(seed: int, steps: int) -> dict:
-    """One seed's run in a fresh process: its result and its curve."""
+def train_seed(seed: int, steps: int, extra: list[str]) -> dict:
+    """One seed's run in a fresh process (``extra``: the candidate's flags): its result and its curve."""
     with tempfile.TemporaryDirectory() as tmp:
         run = os.path.join(tmp, "run")
         cmd = [sys.executable, "-m", "fastvec", "train", ENV, "--total-steps", str(steps), "--seed", str(seed)]
-        cmd += ["--logdir", run, "--no-progress", "--no-tensorboard"]
+        cmd += ["--logdir", run, "--no-progress", "--no-tensorboard", *extra]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(os.path.join(run, "result.json")) as f:
             result = json.load(f)
@@ -80,24 +87,33 @@ def markdown(res: dict) -> str:
         f"# One shared policy on simple_spread ({m['date']})",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores. Command: `{m['command']}`. Per agent per episode",
-        f"(25 steps), {len(runs)} seeds, {res['steps']:,} agent steps each; medians (min-max).",
+        f"(25 steps), {res['seeds']} seeds, {res['steps']:,} agent steps each; medians (min-max).",
         "",
-        "| agent steps | fastvec train (preset) | random play | published (MARLlib IPPO, v3 terms) |",
-        "|---|---|---|---|",
+        "| agent steps | "
+        + " | ".join(f"fastvec train ({name})" for name in runs)
+        + " | random play | published (MARLlib IPPO, v3 terms) |",
+        "|---|" + "---|" * (len(runs) + 2),
     ]
     for mark in [k for k in MARKS if k <= res["steps"]] + ([res["steps"]] if res["steps"] not in MARKS else []):
-        vals = [v for v in (at(r["curve"], mark) for r in runs) if v is not None]
+        cells = []
+        for rs in runs.values():
+            vals = [v for v in (at(r["curve"], mark) for r in rs) if v is not None]
+            cells.append(span(vals) if vals else "n/a")
         pub = PUBLISHED["1M"] if mark == 1_000_000 else ""
-        lines.append(f"| {mark:,} | {span(vals) if vals else 'n/a'} | {np.mean(rnd):.2f} | {pub} |")
-    wall = [r["result"]["wall_seconds"] for r in runs]
-    sps = [r["result"]["sps"] for r in runs]
+        lines.append(f"| {mark:,} | {' | '.join(cells)} | {np.mean(rnd):.2f} | {pub} |")
     lines += [
         "",
         f"Random play: {np.mean(rnd):.2f} (std {np.std(rnd):.2f}, {len(rnd)} agent episodes). Published at 20M",
-        f"steps: {PUBLISHED['20M']}. Wall time per run {span(wall, '{:.1f}')} s; agent steps/s {span(sps, '{:,.0f}')}.",
+        f"steps: {PUBLISHED['20M']}.",
         "",
+        "| candidate | wall time per run, s | agent steps/s |",
+        "|---|---|---|",
     ]
-    return "\n".join(lines)
+    for name, rs in runs.items():
+        wall = [r["result"]["wall_seconds"] for r in rs]
+        sps = [r["result"]["sps"] for r in rs]
+        lines.append(f"| {name} | {span(wall, '{:.1f}')} | {span(sps, '{:,.0f}')} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -106,17 +122,22 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--random-episodes", type=int, default=300)
     p.add_argument("--quick", action="store_true", help="1 seed, 50k steps, no files")
+    p.add_argument("--candidates", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES))
     p.add_argument("--out", help="write results.md and results.json here")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.random_episodes, args.out = 50_000, 1, 20, None
     command = "python benchmarks/bench_agents_train.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    res = {"machine": machine(command.strip()), "steps": args.steps, "published": PUBLISHED}
+    res = {"machine": machine(command.strip()), "steps": args.steps, "seeds": args.seeds, "published": PUBLISHED}
     res["random"] = random_play(args.random_episodes, 0)
-    res["runs"] = []
+    names = args.candidates
+    res["runs"] = {name: [] for name in names}
     for seed in range(1, args.seeds + 1):
-        res["runs"].append(train_seed(seed, args.steps))
-        print(f"seed {seed}: {res['runs'][-1]['result']['final_mean_return']:.2f}", file=sys.stderr)
+        k = (seed - 1) % len(names)
+        for name in names[k:] + names[:k]:
+            run = train_seed(seed, args.steps, CANDIDATES[name])
+            res["runs"][name].append(run)
+            print(f"seed {seed} {name}: {run['result']['final_mean_return']:.2f}", file=sys.stderr)
     write_results(args.out, markdown(res), res)
     return 0
 
