@@ -263,6 +263,38 @@ def test_eval_feeds_each_agent_episode_a_fresh_state():
     np.testing.assert_array_equal(zero[acting], starts[acting])
 
 
+@pytest.mark.parametrize("core", ["none", "lstm"])
+def test_separate_device_buffers_match_zero_copy_on_agent_rows(core):
+    """The GPU's code path on the CPU (``separate_buffers``: the learner's tensors are
+    copies of the ring) over Dwindle's rows: three rounds of collect, targets and update
+    give the same advantages, returns, log-probs and weights as zero copy, exactly."""
+    from fastvec.train.ring import start_where_left
+
+    cfg = _config("minibatch_size=24", "normalize_reward=true", f"policy_core={core}", "bptt=4")
+    runs = []
+    for separate in (False, True):
+        storage = build_storage(DWINDLE, cfg)
+        try:
+            torch.manual_seed(7)
+            ppo = PPO(cfg, storage, torch.device("cpu"), separate_buffers=separate)
+            assert ppo.rollout.copies == separate
+            ppo.restart_envs(cfg.seed)
+            got = []
+            for _ in range(3):
+                ppo.collect()
+                ppo.prepare()
+                ppo.update()
+                ro = ppo.rollout
+                got.append([x.detach().cpu().clone() for x in (ro.adv, ro.ret, ro.logp, ppo.flat_param)])
+                start_where_left(storage, storage, cfg.n_steps)
+            runs.append(got)
+        finally:
+            storage.close()
+    for zero, sep in zip(*runs):
+        for x, y in zip(zero, sep):
+            torch.testing.assert_close(y, x, rtol=0, atol=0)
+
+
 def test_the_reward_scale_counts_the_rows_that_acted_only():
     """``normalize_reward``: the same rollout's targets twice from the same scaler
     state, once with every reward of a row that did not act replaced by garbage: the
