@@ -340,14 +340,7 @@ class Updater:
             xs = stats.get(key)
             return float(np.mean([float(x) for x in xs])) if xs else None
 
-        with torch.no_grad():
-            ret = rollout.ret.reshape(-1)
-            v = rollout.values[: rollout.T].reshape(-1)
-            keep = rollout.acted()  # (agents: not the samples of rows whose agent left)
-            if keep is not None:
-                ret, v = ret[keep], v[keep]
-            var_y = ret.var()
-            ev = float(1.0 - (ret - v).var() / var_y) if var_y > 0 else float("nan")
+        ev = explained_variance(rollout)
         out = {
             "losses/policy": mean("pg"),
             "losses/value": mean("v"),
@@ -363,3 +356,15 @@ class Updater:
         if isinstance(self.policy.dist, GaussianDist):
             out["losses/action_std"] = float(self.policy.dist.log_std.detach().exp().mean())
         return out
+
+
+@torch.no_grad()
+def explained_variance(rollout: Rollout) -> float:
+    """1 - Var(return - value) / Var(return) over the rollout's samples that acted
+    (agents: not those of rows whose agent left); NaN where the returns do not vary."""
+    ret, v = rollout.ret.reshape(-1), rollout.values[: rollout.T].reshape(-1)
+    keep = rollout.acted()
+    if keep is not None:
+        ret, v = ret[keep], v[keep]
+    var_y = ret.var()
+    return float(1.0 - (ret - v).var() / var_y) if var_y > 0 else float("nan")
