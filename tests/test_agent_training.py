@@ -198,7 +198,8 @@ def test_an_lstm_over_agent_rows_remembers_each_agent_episode_alone():
             ended.append(storage.terminated[1:] | storage.truncated[1:])  # the agent's step t ended its episode
         obs, values, logp = torch.cat(obs), torch.cat(values), torch.cat(logp)
         acted, ended = np.concatenate(acted), np.concatenate(ended)
-        acts = torch.cat([a.view(T, ro.N, *a.shape[1:]) for a in [ro.batch_actions()]])  # (the last rollout's)
+        acts = ro.batch_actions()
+        acts = acts.view(T, ro.N, *acts.shape[1:])  # (the last rollout's)
         episodes = 0
         for r in range(ro.N):
             steps = np.flatnonzero(acted[:, r])

@@ -154,16 +154,19 @@ class Rollout:
             self._by_group = [[slots.rows(a, b) for slots in self.steps] for a, b in groups]
         return self._by_group
 
-    def acted(self) -> torch.Tensor | None:
-        """The samples (``t * N + n``) whose row acted, on the device; None where every
-        one did. A multi-agent env's agent that left its episode is a row that does not
-        act (``storage.active``) until its copy resets: no sample to learn from there."""
+    def acted_mask(self) -> torch.Tensor | None:
+        """``[T N]``: whether sample ``t * N + n``'s row acted, on the device; None where
+        every one did. A multi-agent env's agent that left its episode is a row that does
+        not act (``storage.active``) until its copy resets: no sample to learn from there."""
         if self.active is None:
             return None
         mask = self.active[: self.T].reshape(-1)
-        if bool(mask.all()):
-            return None
-        return mask.nonzero().squeeze(1).to(self.device)
+        return None if bool(mask.all()) else mask.to(self.device)
+
+    def acted(self) -> torch.Tensor | None:
+        """``acted_mask`` as the indices of the samples that acted (None: all did)."""
+        mask = self.acted_mask()
+        return None if mask is None else mask.nonzero().squeeze(1)
 
     def acted_obs(self, first: int = 0) -> torch.Tensor:
         """The observations of slots ``first..T`` that a row acted on (all of them

@@ -217,7 +217,7 @@ class Updater:
         columns flat, step-major, as ``Sequences`` results are). The samples of rows that
         did not act (agents) run through the sequences but count in no loss."""
         ro, cfg, dev = self._rollout, self.cfg, self.device
-        acted = None if ro.acted() is None else ro.active[: ro.T].reshape(-1).to(dev)
+        acted = ro.acted_mask()
         T, N = ro.T, ro.N
         L = cfg.bptt or T
         C = N * (T // L)
