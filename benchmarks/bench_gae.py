@@ -9,15 +9,15 @@ Three implementations of GAE over a ``[T, N]`` rollout are timed in one run,
 interleaved repeat by repeat (so slow drifts of a shared machine hit all of
 them alike):
 
-* ``fastvec``: :func:`fastvec.gae.gae` (validating wrapper + Cython kernel,
+* ``fastvec``: :func:`fastvec.returns.gae_estimates.gae` (validating wrapper + Cython kernel,
   output arrays allocated by the call, as in ordinary use);
 * ``numpy_loop``: a plain numpy loop over ``t``, vectorised over ``N``, same
-  formula and flags as :func:`fastvec.gae.gae`;
+  formula and flags as :func:`fastvec.returns.gae_estimates.gae`;
 * ``torch_cleanrl``: a per-step torch loop on CPU tensors in CleanRL's ``dones``
   convention (float tensors, ``torch.no_grad()``), the loop a torch user writes.
 
 For information it also times ``fastvec_out`` (``gae(..., out=...)`` reusing
-buffers) and ``fastvec_from_dones`` (:func:`fastvec.gae.gae_from_dones`, the
+buffers) and ``fastvec_from_dones`` (:func:`fastvec.returns.gae_estimates.gae_from_dones`, the
 like-for-like counterpart of the torch loop). Results are cross-checked
 (fastvec vs the numpy loop, gae_from_dones vs the torch loop) before timing.
 Prints a markdown table (time per call, spread over the repeats, elements per
@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from fastvec.gae import gae, gae_from_dones
+from fastvec.returns.gae_estimates import gae, gae_from_dones
 
 __all__ = ["run_gae_bench", "numpy_gae_loop", "torch_cleanrl_gae", "markdown", "main"]
 

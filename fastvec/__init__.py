@@ -14,8 +14,7 @@ the same two doors over Ray actors spread across a cluster.
 """
 
 from .errors import ClosedError, WorkerError
-from .gae import gae, gae_from_dones  # eager: the module shares the function's name
-from .vtrace import vtrace  # eager, for the same reason
+from .returns import gae, gae_from_dones, vtrace
 
 __version__ = "0.1.0"
 
@@ -25,7 +24,7 @@ _LAZY = {
     "AsyncVectorEnv": ("fastvec.doors.gymnasium", "AsyncVectorEnv"),
     "SubprocVecEnv": ("fastvec.doors.sb3", "SubprocVecEnv"),
     "PlacementReport": ("fastvec._core.placement", "PlacementReport"),
-    "AgentVectorEnv": ("fastvec.doors.agents", "AgentVectorEnv"),
+    "AgentVectorEnv": ("fastvec.doors.gymnasium_agents", "AgentVectorEnv"),
     "AgentVecEnv": ("fastvec.doors.sb3_agents", "AgentVecEnv"),
 }
 

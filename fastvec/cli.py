@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 
 _COMMANDS = {
-    "train": ("fastvec.train.cli", "Train PPO on a gymnasium env with fastvec."),
-    "eval": ("fastvec.train.cli", "Evaluate a checkpoint written by `fastvec train`."),
+    "train": ("fastvec.train.commands.cli", "Train PPO on a gymnasium env with fastvec."),
+    "eval": ("fastvec.train.commands.cli", "Evaluate a checkpoint written by `fastvec train`."),
     "bench": ("fastvec.bench", "Env steps/s of fastvec against gymnasium's SyncVectorEnv on an env."),
     "tune": ("fastvec.tune", "Time fastvec's layouts (workers, batches, placement) on an env; print the fastest."),
 }

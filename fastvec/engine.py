@@ -27,13 +27,11 @@ from ._core.actions import ActionWriter
 from ._core.base import IN_SLOT, EngineBase
 from ._core.infos import InfoTable, StepResult, join_parts
 from ._core.infotable import mask_full
-from ._core.layout import Ring, layout_of, leaves_of, pickled_arrays, plan_segment
-from ._core.pickled import PickledRows
-from ._core.pickling import pickle_payloads
+from ._core.pickled import PickledRows, pickle_payloads
 from ._core.placement import PlacementReport, as_ranges, balance, check_placement_args, contiguous
 from ._core.protocol import WaitResult
 from ._core.replies import TABLE_REPORT, WorkerReplies
-from ._core.shm import create_segment
+from ._core.segment import Ring, create_segment, layout_of, leaves_of, pickled_arrays, plan_segment
 from ._core.supervisor import CLOSE_GRACE_S, Supervisor
 from .errors import ClosedError, SpaceMismatchError, WorkerError
 from .options import (

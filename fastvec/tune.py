@@ -5,7 +5,7 @@
 Each candidate layout (workers, lock-step or batches, placement) is timed on the envs
 themselves with ``fastvec.AsyncVectorEnv``, in a loop with a stand-in for the caller's
 policy; the default stays unless another beats it by ``KEEP``
-(``fastvec.layout_choice`` holds the candidates and the choice; the doors'
+(``fastvec.worker_layouts`` holds the candidates and the choice; the doors'
 ``num_workers="auto"`` uses it too).
 """
 
@@ -15,21 +15,21 @@ import functools
 import sys
 from collections.abc import Callable, Sequence
 
-from . import layout_choice
+from . import worker_layouts
 from ._cli_util import OneLineParser, positive_int
 from .env_ids import env_id_problem, make_env
-from .layout_choice import KEEP, Layout, TuneResult, choose, layouts
 from .options import available_cores
+from .worker_layouts import KEEP, Layout, TuneResult, choose, layouts
 
 __all__ = ["KEEP", "Layout", "TuneResult", "layouts", "measure", "tune", "main"]
 
 
 def measure(env_fns: Sequence[Callable], layout: Layout, policy_us: float, seconds: float, **env_kwargs) -> tuple:
     """``(env steps/s, each env's us per step, each worker's envs)`` of ``layout`` on
-    ``env_fns``, run by ``fastvec.AsyncVectorEnv`` (``layout_choice.measure``)."""
+    ``env_fns``, run by ``fastvec.AsyncVectorEnv`` (``worker_layouts.measure``)."""
     from .doors.gymnasium import AsyncVectorEnv
 
-    return layout_choice.measure(AsyncVectorEnv, env_fns, layout, policy_us, seconds, **env_kwargs)
+    return worker_layouts.measure(AsyncVectorEnv, env_fns, layout, policy_us, seconds, **env_kwargs)
 
 
 def tune(

@@ -19,11 +19,11 @@ from test_agents import Reference, random_actions
 
 from fastvec.bench import main as bench_main
 from fastvec.train import PPO, PPOConfig, apply_overrides, preset_for, run_training
-from fastvec.train.agent_storage import AgentStorage
-from fastvec.train.checkpoints import load_checkpoint
-from fastvec.train.cli import main as cli_main
-from fastvec.train.launch import build_storage
-from fastvec.train.statistics import EpisodeTracker
+from fastvec.train.storage.agent_rows import AgentStorage
+from fastvec.train.algo.checkpoints import load_checkpoint
+from fastvec.train.commands.cli import main as cli_main
+from fastvec.train.commands.launch import build_storage
+from fastvec.train.algo.statistics import EpisodeTracker
 
 DWINDLE = "pettingzoo:test_agents:Dwindle"
 
@@ -94,7 +94,7 @@ def test_the_trainers_episodes_over_rollouts_are_the_serial_loops():
     """Five lock-step rollouts of 8 steps (``LockStep``: each starts where the last
     ended): the episodes the trainer counts (returns, and lengths in the steps each agent
     acted) are those of the serial loop replaying the actions the trainer took."""
-    from fastvec.train.schedule import LockStep
+    from fastvec.train.pipelines.lockstep import LockStep
 
     cfg = _config("normalize_obs=false")
     storage = build_storage(DWINDLE, cfg)
@@ -225,9 +225,9 @@ def test_eval_feeds_each_agent_episode_a_fresh_state():
     steps until its copy resets), never inside an episode."""
     from test_agents import Dwindle
 
-    from fastvec.doors.agents import AgentVectorEnv
-    from fastvec.train.evaluate import _episodes
-    from fastvec.train.policies import make_policy
+    from fastvec.doors.gymnasium_agents import AgentVectorEnv
+    from fastvec.train.commands.evaluate import _episodes
+    from fastvec.train.model.actor_critic import make_policy
 
     venv = AgentVectorEnv([Dwindle] * 2, autoreset_mode="same_step", num_workers=1)
     torch.manual_seed(0)
@@ -269,7 +269,7 @@ def test_separate_device_buffers_match_zero_copy_on_agent_rows(core):
     """The GPU's code path on the CPU (``separate_buffers``: the learner's tensors are
     copies of the ring) over Dwindle's rows: three rounds of collect, targets and update
     give the same advantages, returns, log-probs and weights as zero copy, exactly."""
-    from fastvec.train.ring import start_where_left
+    from fastvec.train.pipelines.ring import start_where_left
 
     cfg = _config("minibatch_size=24", "normalize_reward=true", f"policy_core={core}", "bptt=4")
     runs = []

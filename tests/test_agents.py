@@ -1,8 +1,8 @@
-"""PettingZoo ParallelEnvs in the vector env (fastvec.agents, fastvec.doors.agents).
+"""PettingZoo ParallelEnvs in the vector env (fastvec.pettingzoo_copies, fastvec.doors.gymnasium_agents).
 
 Each door is stepped beside a reference: the same ParallelEnv copies stepped here, in a
 serial loop, with the same seeds and actions, and the rows built by hand from
-PettingZoo's dicts (the rules in fastvec.agents' docstring). Dwindle, a ParallelEnv of
+PettingZoo's dicts (the rules in fastvec.pettingzoo_copies' docstring). Dwindle, a ParallelEnv of
 this file's, has agents that leave at different steps; mpe2's simple_spread has all of
 them end together.
 """
@@ -18,7 +18,7 @@ from gymnasium import spaces
 pettingzoo = pytest.importorskip("pettingzoo")
 from pettingzoo.utils.env import ParallelEnv
 
-from fastvec.doors.agents import AgentVectorEnv
+from fastvec.doors.gymnasium_agents import AgentVectorEnv
 from fastvec.doors.sb3_agents import AgentVecEnv
 from fastvec.errors import WorkerError
 

@@ -21,12 +21,13 @@ import torch
 from envs import ImageEnv
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from fastvec.train import PPO, EngineStorage, HostPin, PPOConfig, host_memory
-from fastvec.train.busy import DeviceBusy
-from fastvec.train.distributions import GaussianDist
-from fastvec.train.policies import make_policy
-from fastvec.train.rollout import Rollout
-from fastvec.train.storage import GymVectorStorage
+from fastvec.train import PPO, EngineStorage, HostPin, PPOConfig
+from fastvec.train.compute import pinned
+from fastvec.train.compute.busy import DeviceBusy
+from fastvec.train.model.distributions import GaussianDist
+from fastvec.train.model.actor_critic import make_policy
+from fastvec.train.storage.rollout import Rollout
+from fastvec.train.storage.sources import GymVectorStorage
 
 CPU = torch.device("cpu")
 
@@ -225,8 +226,8 @@ def test_pinned_allocations(monkeypatch):
         made.append((tuple(shape), np.dtype(dtype)))
         return t
 
-    monkeypatch.setattr(host_memory, "_pinned_empty", fake_pinned)
-    assert host_memory.alloc((2, 3), np.float32, pin=False).sum() == 0 and not made
+    monkeypatch.setattr(pinned, "_pinned_empty", fake_pinned)
+    assert pinned.alloc((2, 3), np.float32, pin=False).sum() == 0 and not made
     venv = SyncVectorEnv([ENVS["cartpole"][0]] * 3, autoreset_mode=AutoresetMode.SAME_STEP)
     try:
         storage = GymVectorStorage(venv, 5, pin=True)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastvec import _gae
-from fastvec.gae import gae, gae_from_dones
+from fastvec.returns.gae_estimates import gae, gae_from_dones
 
 FLOAT_DTYPES = [np.float32, np.float64]
 

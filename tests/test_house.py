@@ -1,6 +1,7 @@
 """The package's house rules, read from the source: no import circles, no module using
-another's private names, the trainer's pieces small enough to read at once, and the
-benchmarks reaching the trainer through its public API only.
+another's private names, the trainer's layers imported in one direction only, every
+piece small enough to read at once (modules, classes, functions, argument lists), and
+the benchmarks reaching the trainer through its public API only.
 
 Every import counts, at module level or inside a function (a lazy import still ties two
 modules together). A private *module* (``fastvec._gae``, ``fastvec.doors._gym_infos``,
@@ -21,8 +22,22 @@ PKG_DIR = os.path.dirname(os.path.abspath(fastvec.__file__))
 # The source tree's benchmarks/, where the tests run from a checkout (not from a wheel's copy).
 BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
-# The limits in fastvec/train/: lines of a class, a function, a module (docstrings count).
-MAX_CLASS, MAX_FUNCTION, MAX_MODULE = 300, 60, 500
+# The limits everywhere in fastvec/: lines of a class, of a function's code (its
+# docstring apart), of a module; a function's positional parameters (self apart).
+MAX_CLASS, MAX_FUNCTION, MAX_MODULE, MAX_POSITIONAL = 300, 60, 500, 6
+
+# Signatures that mirror a peer's or stand in the public API as released: positional
+# callers of these must keep working (gymnasium's AsyncVectorEnv, fastvec.gae/vtrace).
+POSITIONAL_API = {
+    "fastvec/doors/gymnasium.py:AsyncVectorEnv.__init__",
+    "fastvec/returns/gae_estimates.py:gae",
+    "fastvec/returns/gae_estimates.py:gae_from_dones",
+    "fastvec/returns/vtrace_targets.py:vtrace",
+}
+
+# The trainer's layers, lowest first: a module of one may import its own layer's and
+# lower ones', never a higher one's (fastvec.train's __init__ stands above them all).
+TRAIN_LAYERS = ("config", "compute", "model", "storage", "algo", "pipelines", "run", "commands")
 
 
 def _modules(root: str = PKG_DIR) -> dict[str, str]:
@@ -201,38 +216,103 @@ def test_no_module_uses_another_modules_private_names():
     assert _private_uses() == []
 
 
+def _docstring_lines(node) -> int:
+    body = getattr(node, "body", None)
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return first.end_lineno - first.lineno + 1
+    return 0
+
+
+def _positional(node) -> int:
+    args = node.args.posonlyargs + node.args.args
+    return len(args) - (1 if args and args[0].arg in ("self", "cls") else 0)
+
+
 def _too_long(path: str) -> list[str]:
+    """What in the file at ``path`` passes the house's limits, one line each."""
     with open(path) as f:
         text = f.read()
     tree = ast.parse(text, path)
-    name = os.path.relpath(path, os.path.dirname(PKG_DIR))
+    name = os.path.relpath(path, os.path.dirname(PKG_DIR)).replace(os.sep, "/")
     found = []
     lines = text.count("\n") + 1
     if lines > MAX_MODULE:
         found.append(f"{name}: {lines} lines")
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(tree):
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            limit = MAX_CLASS if isinstance(node, ast.ClassDef) else MAX_FUNCTION
+        if isinstance(node, ast.ClassDef):
             n = node.end_lineno - node.lineno + 1
-            if n > limit:
+            if n > MAX_CLASS:
                 found.append(f"{name}: {node.name} {n} lines")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1 - _docstring_lines(node)
+            if n > MAX_FUNCTION:
+                found.append(f"{name}: {node.name} {n} lines of code")
+            owner = parents.get(node)
+            qual = f"{owner.name}.{node.name}" if isinstance(owner, ast.ClassDef) else node.name
+            if _positional(node) > MAX_POSITIONAL and f"{name}:{qual}" not in POSITIONAL_API:
+                found.append(f"{name}: {qual} takes {_positional(node)} positional arguments")
     return found
 
 
-def test_the_trainers_pieces_fit_on_a_reader():
-    train = os.path.join(PKG_DIR, "train")
+def test_every_piece_fits_on_a_reader():
     found = []
-    for f in sorted(os.listdir(train)):
-        if f.endswith(".py"):
-            found += _too_long(os.path.join(train, f))
+    for m, path in sorted(_modules().items()):
+        if path.endswith(".py"):
+            found += _too_long(path)
     assert found == []
 
 
 def test_the_size_check_finds_a_long_function(tmp_path):
-    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION))
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION - 1))  # and the def line
     p = tmp_path / "long.py"
-    p.write_text(f"def f():\n{body}\n")
+    p.write_text(f'def f():\n    """A docstring\n    of lines that do not count."""\n{body}\n')
+    assert _too_long(str(p)) == []
+    p.write_text(f"def f():\n{body}\n    return x0\n")
     assert len(_too_long(str(p))) == 1
+
+
+def test_the_size_check_finds_a_long_argument_list(tmp_path):
+    p = tmp_path / "args.py"
+    p.write_text("class C:\n    def f(self, a, b, c, d, e, g, *, h=1):\n        pass\n")
+    assert _too_long(str(p)) == []
+    p.write_text("def f(a, b, c, d, e, g, h=1):\n    pass\n")
+    [found] = _too_long(str(p))
+    assert found.endswith("f takes 7 positional arguments")
+
+
+def _layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[:2] == ["fastvec", "train"] and parts[2] in TRAIN_LAYERS:
+        return TRAIN_LAYERS.index(parts[2])
+    return None
+
+
+def _upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for m, targets in graph.items():
+        mine = _layer_of(m)
+        if mine is None:
+            continue
+        for t in targets:
+            theirs = _layer_of(t)
+            if theirs is not None and theirs > mine:
+                found.append(f"{m} imports {t} ({TRAIN_LAYERS[mine]} below {TRAIN_LAYERS[theirs]})")
+    return sorted(found)
+
+
+def test_the_trainers_layers_import_downwards_only():
+    assert _upward_imports(_graph()) == []
+    packages = {m.split(".")[2] for m in _modules() if m.startswith("fastvec.train.") and m.count(".") >= 3}
+    assert packages == set(TRAIN_LAYERS)
+    # every module of the trainer lives in a layer: nothing left in the flat folder
+    assert [m for m in _modules() if m.startswith("fastvec.train.") and _layer_of(m) is None] == []
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {"fastvec.train.model.cores": {"fastvec.train.algo.ppo", "fastvec.train.config.rules"}}
+    assert _upward_imports(graph) == ["fastvec.train.model.cores imports fastvec.train.algo.ppo (model below algo)"]
 
 
 def _bench_trainer_imports() -> list[str]:

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from fastvec.train import PPOConfig, load_checkpoint, policy_from_checkpoint, run_training
-from fastvec.train.checkpoints import CHECKPOINT_FORMAT, upgrade_state_dict
-from fastvec.train.cli import main as cli_main
-from fastvec.train.policies import make_policy
+from fastvec.train.algo.checkpoints import CHECKPOINT_FORMAT, upgrade_state_dict
+from fastvec.train.commands.cli import main as cli_main
+from fastvec.train.model.actor_critic import make_policy
 
 LEGACY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "legacy")
 

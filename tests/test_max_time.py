@@ -12,9 +12,9 @@ import json
 import pytest
 import torch
 
-from fastvec.train.checkpoints import load_checkpoint
-from fastvec.train.cli import duration
-from fastvec.train.cli import main as cli_main
+from fastvec.train.algo.checkpoints import load_checkpoint
+from fastvec.train.commands.cli import duration
+from fastvec.train.commands.cli import main as cli_main
 
 BATCH = 8 * 32  # the CartPole preset's rollout: 8 envs x 32 steps
 QUIET = ["--no-progress", "--no-tensorboard", "--checkpoint-every", "0"]

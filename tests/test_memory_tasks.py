@@ -14,9 +14,9 @@ from gymnasium.vector import SyncVectorEnv
 from helpers import assert_same
 
 import fastvec
-from fastvec.train import envs
-from fastvec.train.cli import main as cli_main
-from fastvec.train.presets import env_factory, preset_for
+from fastvec.train.config import presets
+from fastvec.train.commands.cli import main as cli_main
+from fastvec.train.config.presets import env_factory, preset_for
 
 ENV = "popgym-RepeatPreviousEasy-v0"
 
@@ -28,7 +28,7 @@ def _popgym_env():
 
 
 def test_popgym_ids_are_registered_when_fastvec_train_is_imported():
-    assert envs.HAS_POPGYM
+    assert presets.HAS_POPGYM
     spec = gym.spec(ENV)
     assert spec.entry_point.startswith("popgym.")
     env = env_factory(ENV)()
@@ -101,8 +101,8 @@ def test_fastvec_train_imports_without_popgym(tmp_path):
     code = (
         "import sys; sys.modules['popgym'] = None\n"
         "import gymnasium as gym, fastvec.train\n"
-        "from fastvec.train import envs\n"
-        "print(envs.HAS_POPGYM, 'CartPoleNoVel-v1' in gym.registry, any(k.startswith('popgym') for k in gym.registry))\n"
+        "from fastvec.train.config import presets\n"
+        "print(presets.HAS_POPGYM, 'CartPoleNoVel-v1' in gym.registry, any(k.startswith('popgym') for k in gym.registry))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr

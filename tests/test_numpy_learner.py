@@ -1,4 +1,4 @@
-"""The numpy minibatch gradient (``fastvec.train.numpy_learner``) against autograd.
+"""The numpy minibatch gradient (``fastvec.train.algo.minibatch``) against autograd.
 
 The reference is the PPO loss written out with ``torch.distributions`` on a float64 copy
 of the policy, differentiated by autograd; the numpy learner works in float32, so the
@@ -15,10 +15,10 @@ import torch
 from gymnasium import spaces
 
 from fastvec.train import PPO, ConfigError, PPOConfig
-from fastvec.train.distributions import GaussianDist
-from fastvec.train.numpy_learner import NumpyLearner
-from fastvec.train.optim import flatten_parameters
-from fastvec.train.policies import make_policy
+from fastvec.train.model.distributions import GaussianDist
+from fastvec.train.algo.minibatch import NumpyLearner
+from fastvec.train.algo.optim import flatten_parameters
+from fastvec.train.model.actor_critic import make_policy
 
 OBS = spaces.Box(-np.inf, np.inf, (7,), np.float32)
 
@@ -146,7 +146,7 @@ class _Rollout:
         rng = np.random.default_rng(seed)
         self.single_observation_space, self.single_action_space = obs_space, act_space
         self.num_envs, self.num_workers = N, 0
-        self.groups = [(0, N)]  # lock-step (fastvec.train.storage.RolloutStorage)
+        self.groups = [(0, N)]  # lock-step (fastvec.train.storage.sources.RolloutStorage)
         self.obs = (rng.standard_normal((T + 1, N, *obs_space.shape)) * 2 + 1).astype(obs_space.dtype)
         self.final_obs = np.zeros_like(self.obs)
         act_dtype = np.float32 if isinstance(act_space, spaces.Box) else np.int64
@@ -215,8 +215,8 @@ def test_learners_track_each_other_on_cartpole():
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
     from fastvec.train import apply_overrides
-    from fastvec.train.presets import env_factory, preset_for
-    from fastvec.train.storage import storage_for
+    from fastvec.train.config.presets import env_factory, preset_for
+    from fastvec.train.storage.sources import storage_for
 
     params = {}
     for learner in ("torch", "numpy"):
@@ -233,7 +233,7 @@ def test_learners_track_each_other_on_cartpole():
                 ppo.collect()
                 ppo.prepare()
                 ppo.update()
-                ppo.rollout.obs[0].copy_(ppo.rollout.obs[cfg.n_steps])  # as fastvec.train.schedule's LockStep does
+                ppo.rollout.obs[0].copy_(ppo.rollout.obs[cfg.n_steps])  # as fastvec.train.pipelines.lockstep's LockStep does
                 params[learner].append(ppo.flat_param.detach().clone())
         finally:
             venv.close()
@@ -245,7 +245,7 @@ def test_learners_track_each_other_on_cartpole():
 
 def test_a_linear_policy_acts_and_learns():
     """hidden=() (one linear layer per head) used to fail at the first acting step."""
-    from fastvec.train.cli import run_training
+    from fastvec.train.commands.cli import run_training
 
     cfg = PPOConfig(num_envs=4, num_workers=1, n_steps=16, total_steps=256, hidden=(), device="cpu")
     res = run_training("CartPole-v1", cfg, progress=False, tensorboard=False, save=False)

@@ -26,13 +26,13 @@ from test_resume import _assert_nothing_left, _child_env, _train_cmd, _wait_for,
 
 from fastvec.engine import Engine
 from fastvec.train import PPO, EngineStorage, LearnerError, PPOConfig, apply_overrides, load_checkpoint
-from fastvec.train.cli import main as cli_main
-from fastvec.train.cli import run_training
-from fastvec.train.config import ConfigError
-from fastvec.train.learner_process import LearnerLink
-from fastvec.train.pipeline import Pipeline
-from fastvec.train.presets import preset_for
-from fastvec.train.ring import RingSection
+from fastvec.train.commands.cli import main as cli_main
+from fastvec.train.commands.cli import run_training
+from fastvec.train.config.settings import ConfigError
+from fastvec.train.pipelines.watch import LearnerLink
+from fastvec.train.pipelines.collector import Pipeline
+from fastvec.train.config.presets import preset_for
+from fastvec.train.pipelines.ring import RingSection
 
 
 def _run(tmp_path, name, cfg, **kw):

@@ -16,12 +16,12 @@ from gymnasium import spaces
 from fastvec.engine import Engine
 from fastvec.options import available_cores
 from fastvec.train import PPO, ConfigError, EngineStorage, PPOConfig, apply_overrides, load_checkpoint
-from fastvec.train.checkpoints import policy_from_checkpoint
-from fastvec.train.cli import main as cli_main
-from fastvec.train.cli import run_training as train
-from fastvec.train.distributions import CategoricalDist, GaussianDist
-from fastvec.train.policies import make_policy
-from fastvec.train.presets import PRESETS, env_factory, preset_for
+from fastvec.train.algo.checkpoints import policy_from_checkpoint
+from fastvec.train.commands.cli import main as cli_main
+from fastvec.train.commands.cli import run_training as train
+from fastvec.train.model.distributions import CategoricalDist, GaussianDist
+from fastvec.train.model.actor_critic import make_policy
+from fastvec.train.config.presets import PRESETS, env_factory, preset_for
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -109,7 +109,7 @@ def test_numpy_acting_matches_torch(act_space, norm, activation):
     """Small MLPs act in numpy on the CPU (``ActingPath.numpy``): the same actions as
     the torch forward (up to float rounding), before and after the parameters and the
     observation normaliser change in place, and after ``flatten_parameters``."""
-    from fastvec.train.optim import flatten_parameters
+    from fastvec.train.algo.optim import flatten_parameters
 
     torch.manual_seed(0)
     obs_space = spaces.Box(-np.inf, np.inf, (7,), np.float64)
@@ -229,7 +229,7 @@ class _FakeBackend:
 
     def __init__(self, T, N, obs_dim=3):
         self.num_envs = N
-        self.groups = [(0, N)]  # lock-step (fastvec.train.storage.RolloutStorage)
+        self.groups = [(0, N)]  # lock-step (fastvec.train.storage.sources.RolloutStorage)
         self.single_observation_space = spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
         self.single_action_space = spaces.Discrete(2)
         S = T + 1
@@ -411,7 +411,7 @@ def test_trainer_waits_for_its_workers_by_the_cores_left():
     (``main_spin_for``); the data are the same whichever way it waits."""
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-    from fastvec.train.cli import main_spin_for
+    from fastvec.train.commands.cli import main_spin_for
 
     cfg = PPOConfig()
     assert main_spin_for(cfg, workers=2, cores=2) == 0.0
@@ -803,7 +803,7 @@ def test_vec_env_without_final_observations_is_refused():
 
 
 def test_flat_adam_matches_torch_adam():
-    from fastvec.train.optim import FlatAdam, flatten_parameters
+    from fastvec.train.algo.optim import FlatAdam, flatten_parameters
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))

@@ -1,4 +1,4 @@
-"""Data-parallel training (``fastvec train --nproc N``, ``fastvec.train.ranks``) on gloo.
+"""Data-parallel training (``fastvec train --nproc N``, ``fastvec.train.compute.ranks``) on gloo.
 
 The reference: one rank of all ``num_envs`` envs. Two ranks of half as many each, the
 same seed, must end with the same weights and Adam moments to float tolerance after

@@ -981,7 +981,7 @@ def test_fastvec_never_needs_ray():
 
 
 def test_train_cli_flags_without_ray_backend(tmp_path):
-    from fastvec.train.cli import main
+    from fastvec.train.commands.cli import main
 
     assert main("train", ["CartPole-v1", "--actors", "2", "--no-progress"]) == 2
     assert main("train", ["CartPole-v1", "--backend", "ray", "--actors", "0", "--no-progress"]) == 2

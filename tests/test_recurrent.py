@@ -13,10 +13,10 @@ import torch
 
 from fastvec.engine import Engine
 from fastvec.train import PPO, ConfigError, EngineStorage, PPOConfig, apply_overrides
-from fastvec.train.checkpoints import load_checkpoint, policy_from_checkpoint
-from fastvec.train.cli import main as cli_main
-from fastvec.train.policies import Sequences, make_policy
-from fastvec.train.presets import env_factory, preset_for
+from fastvec.train.algo.checkpoints import load_checkpoint, policy_from_checkpoint
+from fastvec.train.commands.cli import main as cli_main
+from fastvec.train.model.actor_critic import Sequences, make_policy
+from fastvec.train.config.presets import env_factory, preset_for
 
 
 def _stepwise(pol, obs, state, starts):

@@ -25,11 +25,11 @@ import torch
 
 from fastvec.engine import Engine
 from fastvec.train import PPO, EngineStorage, PPOConfig, apply_overrides, load_checkpoint
-from fastvec.train.checkpoints import resume_checkpoint, save_checkpoint
-from fastvec.train.cli import main as cli_main
-from fastvec.train.cli import run_training
-from fastvec.train.presets import env_factory, preset_for
-from fastvec.train.run import resume_seed
+from fastvec.train.algo.checkpoints import resume_checkpoint, save_checkpoint
+from fastvec.train.commands.cli import main as cli_main
+from fastvec.train.commands.cli import run_training
+from fastvec.train.config.presets import env_factory, preset_for
+from fastvec.train.run.loop import resume_seed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAKY_ID = "FastvecTestFlakyCartPole-v0"
@@ -115,7 +115,7 @@ def test_resume_is_exact(tmp_path, changes):
     torch.manual_seed(12345)  # whatever the new process's RNG holds is overwritten
     np.random.seed(12345)
     ckpt = load_checkpoint(path)
-    from fastvec.train.checkpoints import policy_from_checkpoint
+    from fastvec.train.algo.checkpoints import policy_from_checkpoint
 
     st2 = storage(cfg)
     try:
@@ -153,7 +153,7 @@ def test_resume_exactness_check_can_fail(tmp_path):
         st.close()
     st2 = storage(cfg)
     try:
-        from fastvec.train.policies import make_policy
+        from fastvec.train.model.actor_critic import make_policy
 
         pol = make_policy(
             st2.single_observation_space,
@@ -483,7 +483,7 @@ def test_resuming_a_finished_run_logs_no_second_row_at_its_last_step(tmp_path):
 
 KILL_DURING_WRITE = r"""
 import os, sys, time
-import fastvec.train.checkpoints as C
+import fastvec.train.algo.checkpoints as C
 real = C.torch.save
 calls = {"n": 0}
 def save(obj, f):
@@ -495,7 +495,7 @@ def save(obj, f):
         time.sleep(600)
     return real(obj, f)
 C.torch.save = save
-from fastvec.train.cli import main
+from fastvec.train.commands.cli import main
 sys.exit(main("train", sys.argv[2:]))
 """
 
@@ -741,7 +741,7 @@ def test_flaky_env_trains_through_its_failures(tmp_path):
 
 
 def test_learning_curves_stay_bounded():
-    from fastvec.train.monitor import CURVE_POINTS, thin
+    from fastvec.train.run.monitor import CURVE_POINTS, thin
 
     pts = []
     for i in range(10 * CURVE_POINTS):

@@ -15,9 +15,9 @@ import torch
 
 from fastvec.engine import Engine
 from fastvec.train import PPO, ConfigError, EngineStorage, PPOConfig, apply_overrides
-from fastvec.train.cli import build_storage
-from fastvec.train.cli import run_training as train
-from fastvec.train.presets import env_factory, preset_for
+from fastvec.train.commands.cli import build_storage
+from fastvec.train.commands.cli import run_training as train
+from fastvec.train.config.presets import env_factory, preset_for
 
 
 def _cartpole():

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 import fastvec
 from fastvec import _gae
-from fastvec.gae import gae
-from fastvec.vtrace import vtrace
+from fastvec.returns.gae_estimates import gae
+from fastvec.returns.vtrace_targets import vtrace
 
 FLOAT_DTYPES = [np.float32, np.float64]
 INF = math.inf

@@ -24,7 +24,7 @@ serial baseline of the same round. Two ablations show what each default buys:
 the loop (``spin_us=200, main_spin_us=20``), ``*_torch`` fastvec with torch's threads
 left alone (``torch_threads=None``; see ``fastvec.doors.threads``); for ``train``,
 ``engine_spin`` is the trainer spinning through its workers' step where it would sleep
-(``fastvec.train.cli.main_spin_for``), ``engine_lockstep`` Pong without its preset's
+(``fastvec.train.commands.cli.main_spin_for``), ``engine_lockstep`` Pong without its preset's
 batch groups, ``*_autograd`` the trainer with torch's autograd
 where its numpy learner applies (``PPOConfig.learner``; the ratios stay against the
 default Sync run). For fastvec's candidates (not ``train``, whose

@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Typed GAE kernels (no input validation beyond memory safety).
 
-Use :func:`fastvec.gae.gae` / :func:`fastvec.gae.gae_from_dones` /
-:func:`fastvec.vtrace.vtrace`; they validate, convert and allocate, then call
+Use :func:`fastvec.returns.gae_estimates.gae` / :func:`fastvec.returns.gae_estimates.gae_from_dones` /
+:func:`fastvec.returns.vtrace_targets.vtrace`; they validate, convert and allocate, then call
 the kernels here.
 
 Layout contract (checked here because memory safety depends on it):

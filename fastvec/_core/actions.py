@@ -15,7 +15,7 @@ from gymnasium import spaces
 
 from ..errors import ActionTypeError
 from .bounds import in_bounds
-from .layout import Leaf, get_path, leaves_of
+from .segment import Leaf, get_path, leaves_of
 
 # dtypes the compiled bounds check reads; anything else takes the numpy path.
 _FAST_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int64, np.int32, np.int16, np.int8, np.uint8))

@@ -28,8 +28,8 @@ from gymnasium import spaces
 
 from ..errors import ClosedError, WorkerError
 from .infos import StepResult, columns_to_records
-from .layout import OBJECT, Ring, build_nested, leaf_batch, leaf_value, readonly_view
 from .placement import envs_text, whole_workers
+from .segment import OBJECT, Ring, build_nested, leaf_batch, leaf_value, readonly_view
 
 
 class _InSlot:

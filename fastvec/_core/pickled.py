@@ -1,6 +1,7 @@
-"""Pickled leaves on the move: the rows of object arrays that cross with a command.
+"""Pickling what crosses a process boundary: payloads of commands and replies
+(``dumps``, ``pickle_payloads``), and the rows of object arrays that cross with a command.
 
-A pickled leaf (``fastvec._core.layout``) has an object array ``[num_slots, num_envs]``
+A pickled leaf (``fastvec._core.segment``) has an object array ``[num_slots, num_envs]``
 in the parent and in every worker. What one side wrote, the other needs:
 
 - a step's actions, parent -> worker: the step command carries the worker's rows of
@@ -17,8 +18,11 @@ Only spaces with pickled leaves take these paths: the zero-copy step stays as it
 
 from __future__ import annotations
 
+import pickle
+
+import cloudpickle
+
 from .infos import InfoPicklingError
-from .pickling import dumps
 
 TAG = "objs"
 
@@ -84,3 +88,23 @@ class PickledRows:
             for buf, value in zip(self.obs, values):
                 buf[slot, envs[j]] = value
         return infos
+
+
+def dumps(obj) -> bytes:
+    """``pickle`` (fast) where it can, ``cloudpickle`` (lambdas, local classes) where not."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return cloudpickle.dumps(obj)
+
+
+def pickle_payloads(targets: dict, what: str) -> dict:
+    """``{key: cloudpickled payload}``, all or nothing: a payload that cannot be pickled
+    raises ValueError before anything is sent, so no worker is left with a command."""
+    blobs = {}
+    for key, payload in targets.items():
+        try:
+            blobs[key] = cloudpickle.dumps(payload)
+        except Exception as exc:
+            raise ValueError(f"could not pickle the {what}: {exc}") from None
+    return blobs

@@ -19,7 +19,7 @@ import numpy as np
 from . import channel
 from . import protocol as P
 from .placement import envs_text
-from .shm import release_segment
+from .segment import release_segment
 from .worker import worker_main
 
 CLOSE_GRACE_S = 2.0

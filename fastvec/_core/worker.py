@@ -22,10 +22,8 @@ from ..errors import cause_class_blob
 from . import channel
 from . import protocol as P
 from .infos import InfoPicklingError, dump_records, table_kind
-from .layout import Ring, SegmentPlan, build_nested, leaves_of, pickled_arrays
-from .pickled import PickledRows
-from .pickling import dumps
-from .shm import attach_segment
+from .pickled import PickledRows, dumps
+from .segment import Ring, SegmentPlan, attach_segment, build_nested, leaves_of, pickled_arrays
 from .stepper import Stepper
 
 _PARENT_POLL_S = 0.5

@@ -33,7 +33,7 @@ from gymnasium.vector import AutoresetMode
 
 from .._core.actions import ActionWriter
 from .._core.infos import with_quiet_ends
-from .._core.layout import OBJECT, build_nested
+from .._core.segment import OBJECT, build_nested
 from ..errors import NoPendingCallError, PendingCallError
 from . import _gym_infos
 from .base import check_open

@@ -64,7 +64,7 @@ def _check_observation_mode(mode):
 
 def _observation_spaces(mode, given, eng):
     """(batched, single) observation spaces for ``observation_mode``."""
-    from .._core.layout import layout_of
+    from .._core.segment import layout_of
 
     if given is not None:
         batched, single = given
@@ -98,7 +98,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
     num_workers : int, "auto" or None
         Worker processes (default ``min(num_envs, cores)``); which envs each runs is
         ``placement``'s choice. "auto": time the candidate layouts on these envs at
-        start-up (a few seconds; ``fastvec.layout_choice``) and take the fastest for stepping back
+        start-up (a few seconds; ``fastvec.worker_layouts``) and take the fastest for stepping back
         to back: the worker count and the placement (with ``batch_size``, the worker
         count for those batches). For a loop with a policy between steps,
         ``fastvec tune ENV --policy-us X`` times that loop.
@@ -259,7 +259,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
             env_fns = check_env_fns(env_fns)
             batch = check_batch_size(len(env_fns) if batch_size is None else batch_size, len(env_fns), batch_mode)
         if auto:  # time the candidate layouts on these envs (fastvec.tune)
-            from ..layout_choice import resolve_auto
+            from ..worker_layouts import resolve_auto
 
             layout = resolve_auto(
                 AsyncVectorEnv,

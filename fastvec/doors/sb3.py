@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._core.infos import StepResult
-from .._core.layout import build_nested, get_path, leaves_of
+from .._core.segment import build_nested, get_path, leaves_of
 from ..options import EngineOptions
 from . import _sb3_infos
 from .base import EngineDoor
@@ -56,7 +56,7 @@ class SubprocVecEnv(EngineDoor, _Base):
     num_workers : int, "auto" or None
         Worker processes (default ``min(num_envs, cores)``); each runs a group of envs
         (``placement``), so ``num_envs`` may exceed the core count. "auto": the fastest
-        worker count and placement timed on these envs at start-up (``fastvec.layout_choice``).
+        worker count and placement timed on these envs at start-up (``fastvec.worker_layouts``).
     copy : bool, default True
         Return observations as fresh arrays. With ``copy=False`` they are read-only
         views into shared memory, valid until ``num_slots - 1`` further ``step``/``reset``
@@ -106,10 +106,10 @@ class SubprocVecEnv(EngineDoor, _Base):
         self.closed = True
         torch = TorchThreads(torch_threads)  # checked before any process starts
         self.waiting = False
-        if isinstance(num_workers, str):  # "auto": time the candidate layouts (fastvec.layout_choice)
+        if isinstance(num_workers, str):  # "auto": time the candidate layouts (fastvec.worker_layouts)
             if num_workers != "auto":
                 raise ValueError(f"num_workers must be a positive int, None or 'auto', got {num_workers!r}")
-            from ..layout_choice import resolve_auto
+            from ..worker_layouts import resolve_auto
             from .gymnasium import AsyncVectorEnv  # times the layouts: the engine is the same
 
             layout = resolve_auto(AsyncVectorEnv, env_fns, placement, env_costs, context=start_method)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..agents import AgentRows, RowNames, copy_fns
+from ..pettingzoo_copies import AgentRows, RowNames, copy_fns
 from .sb3 import SubprocVecEnv
 
 if TYPE_CHECKING:

@@ -24,9 +24,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .._core import channel
 from .._core import protocol as P
 from .._core.base import IN_SLOT
-from .._core.layout import Ring, SegmentPlan
-from .._core.pickling import dumps
-from .._core.shm import attach_segment
+from .._core.pickled import dumps
+from .._core.segment import Ring, SegmentPlan, attach_segment
 from ..engine import Engine
 from ..errors import WorkerError, cause_class_blob
 from ..options import EngineOptions

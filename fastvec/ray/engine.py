@@ -14,9 +14,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._core.actions import ActionWriter
 from .._core.base import EngineBase
-from .._core.layout import leaves_of, plan_segment
-from .._core.pickling import pickle_payloads
-from .._core.shm import create_segment, release_segment
+from .._core.pickled import pickle_payloads
+from .._core.segment import create_segment, leaves_of, plan_segment, release_segment
 from ..errors import WorkerError
 from ..options import EngineOptions, check_env_fns
 from .actor import actor_class, janitor

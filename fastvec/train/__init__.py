@@ -1,30 +1,17 @@
 """PPO on fastvec: ``fastvec train`` and ``fastvec eval`` as a package (imports torch).
 
-The trainer in pieces, each a module (``docs/ARCHITECTURE.md`` draws them):
+The trainer in layers, one subpackage each, each importing only the layers above it in
+this list (``tests/test_house.py`` keeps the order; ``docs/ARCHITECTURE.md`` draws it):
 
-- **config**: ``config`` (``PPOConfig``, every hyperparameter with a docstring, and its
-  ``TransportConfig``: how the envs run), ``overrides`` (``--set`` parsing, what a resume
-  may change), ``presets`` (per-env hyperparameters and env construction), ``mix``;
-- **policy**: ``policies`` (``ActorCritic``: encoder, core, heads), ``encoders``,
-  ``cores``, ``distributions``; ``acting`` (the per-step forward, functional or numpy);
-- **storage**: ``storage`` (``RolloutStorage`` and its four kinds), ``rollout`` (the
-  learner's tensors over it), ``host_memory`` (page-locking for CUDA);
-- **collect**: ``collect`` (the policy acts into the storage, lock-step or by groups);
-- **targets**: ``targets`` (values, bootstraps, GAE or V-trace);
-- **update**: ``update`` (epochs, minibatches, KL stop, the schedules), ``losses`` and
-  ``numpy_learner`` (a minibatch's gradient), ``optim`` (flat parameters, Adam),
-  ``lr_schedule``;
-- ``ppo``: ``PPO``, the three steps over one policy and rollout, and the train state;
-  ``statistics``: episode tracking and reward scaling;
-- **schedule**: ``schedule`` (``LockStep``, the protocol), ``pipeline`` (async: the
-  collector's end) with ``ring``, ``handoff``, ``wire``, ``learner_process``, ``learner``
-  and ``seqlock`` (the learner process and what it shares with the collector);
-- **run**: ``run`` (``train(cfg, storage, monitor)``, which builds no envs), ``report``
-  (logging points, the result), ``restarts``, ``checkpoints``, ``monitor`` (the run
-  directory), ``signals``, ``busy`` (the device's busy fraction), ``runtime`` (torch's
-  device, RNG and threads);
-- **commands**: ``launch`` (``run_training``: the one place that picks a backend),
-  ``cli`` (``fastvec train``), ``evaluate`` (``fastvec eval``).
+- ``config``: ``PPOConfig`` and its rules, ``--set`` overrides, presets, mixes of envs;
+- ``compute``: torch's device, RNG and threads, data-parallel ranks, page-locked memory;
+- ``model``: the actor-critic (encoders, cores, distributions) and its acting step;
+- ``storage``: rollout storage over the engine's ring (or another vector env), agent
+  rows, the learner's tensors over it;
+- ``algo``: PPO's collect, targets and update, the optimiser, statistics, checkpoints;
+- ``pipelines``: lock-step, or the async collector and its learner process;
+- ``run``: the loop over rollouts, its report, run directory and stops;
+- ``commands``: ``fastvec train`` and ``fastvec eval``, and ``run_training``.
 
 How a rollout lives in the engine's shared memory: the engine is started with
 ``num_slots = T + 1`` and ``autoreset_mode="same_step"``; slot 0 holds the first
@@ -44,18 +31,18 @@ torch, so forking a parent whose torch thread pools exist is safe. Use
 ``--set context=spawn`` where fork is unavailable or not wanted.
 """
 
-from .checkpoints import load_checkpoint, policy_from_checkpoint, resume_checkpoint, save_checkpoint
-from .config import ConfigError, PPOConfig, TransportConfig
-from .evaluate import evaluate
-from .launch import run_training
-from .learner_process import LearnerError
-from .monitor import Monitor
-from .overrides import apply_overrides
-from .ppo import PPO
-from .presets import env_factory, preset_for, solve_threshold
-from .restarts import RestartLimitError
-from .run import train
-from .storage import EngineStorage, GymVectorStorage, HostPin, RolloutStorage, SB3VecStorage, storage_for
+from .algo.checkpoints import load_checkpoint, policy_from_checkpoint, resume_checkpoint, save_checkpoint
+from .algo.ppo import PPO
+from .commands.evaluate import evaluate
+from .commands.launch import run_training
+from .config.overrides import apply_overrides
+from .config.presets import env_factory, preset_for, solve_threshold
+from .config.settings import ConfigError, PPOConfig, TransportConfig
+from .pipelines.watch import LearnerError
+from .run.loop import train
+from .run.monitor import Monitor
+from .run.stops import RestartLimitError
+from .storage.sources import EngineStorage, GymVectorStorage, HostPin, RolloutStorage, SB3VecStorage, storage_for
 
 __all__ = [
     "PPOConfig",

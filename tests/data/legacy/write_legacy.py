@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # tests/, for envs.p
 
 def _train(name: str, env_id: str, overrides: dict) -> str:
     from fastvec.train import PPOConfig, apply_overrides
-    from fastvec.train.cli import run_training
-    from fastvec.train.presets import preset_for
+    from fastvec.train.commands.cli import run_training
+    from fastvec.train.config.presets import preset_for
 
     cfg = apply_overrides(PPOConfig(), preset_for(env_id))
     apply_overrides(cfg, {"device": "cpu", "torch_threads": 1, "checkpoint_every": 0, **overrides})
@@ -48,8 +48,8 @@ def _cnn() -> str:
     from gymnasium import spaces
 
     from fastvec.train import PPOConfig
-    from fastvec.train.checkpoints import save_checkpoint
-    from fastvec.train.policies import make_policy
+    from fastvec.train.algo.checkpoints import save_checkpoint
+    from fastvec.train.model.actor_critic import make_policy
 
     torch.manual_seed(5)
     obs_space = spaces.Box(0, 255, (36, 36, 3), np.uint8)
@@ -71,7 +71,7 @@ def _cnn() -> str:
 def _outputs(path: str) -> None:
     """The distribution's parameters and the values of the checkpoint's policy on 16
     observations drawn from its space (seed 0), next to it."""
-    from fastvec.train.checkpoints import load_checkpoint, policy_from_checkpoint
+    from fastvec.train.algo.checkpoints import load_checkpoint, policy_from_checkpoint
 
     ckpt = load_checkpoint(path)
     pol = policy_from_checkpoint(ckpt)

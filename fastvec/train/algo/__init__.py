@@ -1,0 +1,16 @@
+"""PPO itself: collect, targets, update, and the state that carries them across rollouts.
+
+- ``ppo``: ``PPO``, the three steps over one policy and rollout, and its train state;
+- ``collect``: the policy acts into the storage for T steps;
+- ``targets``: values, bootstraps, GAE or V-trace;
+- ``update``: epochs of minibatches, the KL stop, the schedules;
+- ``minibatch``: one minibatch's loss and gradient (autograd, or numpy for a small MLP);
+- ``optim``: flat parameters, Adam, the learning rate's schedule;
+- ``statistics``: episode tracking, reward scaling, bounded curves;
+- ``checkpoints``: the train state on disk, and the checkpoint a resume starts from.
+"""
+
+from .checkpoints import load_checkpoint, policy_from_checkpoint, resume_checkpoint, save_checkpoint
+from .ppo import PPO
+
+__all__ = ["PPO", "save_checkpoint", "load_checkpoint", "resume_checkpoint", "policy_from_checkpoint"]

@@ -1,0 +1,12 @@
+"""The commands: ``fastvec train`` and ``fastvec eval``, from a shell or from Python.
+
+- ``cli``: the command lines, their flags and errors;
+- ``launch``: ``run_training``, the one place that builds envs and picks a backend;
+- ``local_ranks``: ``fastvec train --nproc N``, N ranks on this machine;
+- ``evaluate``: ``fastvec eval``, a checkpoint's policy played for some episodes.
+"""
+
+from .evaluate import evaluate
+from .launch import run_training
+
+__all__ = ["run_training", "evaluate"]

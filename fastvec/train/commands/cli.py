@@ -1,0 +1,490 @@
+"""``fastvec train`` and ``fastvec eval``: the command lines, their flags and errors.
+
+``fastvec train`` builds the config (preset < flags < ``--set``), or the resumed run's,
+and calls ``fastvec.train.commands.launch.run_training`` (what it does from Python); ``fastvec
+eval`` calls ``fastvec.train.commands.evaluate.evaluate``.
+
+    fastvec train ENV_ID [--seed N] [--num-envs N] [--num-workers N] [--total-steps N]
+                  [--mix [id=ID,][count=N,]key=value,... ...]
+                  [--stop-at-return R] [--max-time 5m] [--device auto|cpu|cuda] [--logdir DIR]
+                  [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
+                  [--checkpoint-every N] [--backend engine|ray] [--ray-address ADDR] [--actors N]
+                  [--nproc N]
+    fastvec train --resume RUN_DIR [--total-steps N] [--set safe_key=value ...]
+    fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic]
+
+Both print one JSON object as the last line of stdout and exit 0 on success. Bad input
+(unknown env id, bad ``--set`` key or value, a checkpoint from another env, a missing
+checkpoint, a resume that would change the run's config) gives a one-line ``fastvec
+train: error: ...`` on stderr and exit code 2; a failure while training (e.g. an env
+that raises with ``restart_on_error=false``, or more restarts than ``max_restarts``)
+gives a one-line error and exit code 1, after saving a checkpoint to resume from.
+SIGINT / SIGTERM stop ``fastvec train`` at the next safe point with a final checkpoint
+and the JSON line (``"interrupted": true``), exit 130 / 143; a second one exits at once.
+``FASTVEC_DEBUG=1`` shows the traceback instead of the one-line error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+from ..._cli_util import OneLineParser as _Parser
+from .launch import build_storage, check_backend, main_spin_for, run_training
+
+__all__ = ["main", "build_config", "build_storage", "main_spin_for", "run_training"]
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    from ..config.settings import TRANSPORT_KEYS
+
+    p = _Parser(
+        prog="fastvec train",
+        description="Train PPO on a gymnasium env with fastvec.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Hyperparameters: any field of fastvec.train.PPOConfig via --set key=value, "
+        "e.g. --set lr=1e-3 --set n_steps=64 --set hidden=64,64. "
+        "Transport settings (fastvec.train.TransportConfig: how the envs run and talk to "
+        f"the trainer) the same way: {', '.join(TRANSPORT_KEYS)}, e.g. --set context=spawn. "
+        "Run with --list-keys to see them with the env's preset values.",
+    )
+    p.add_argument(
+        "env_id",
+        nargs="?",
+        default=None,
+        help="gymnasium env id, e.g. CartPole-v1, ALE/Pong-v5 (with --resume: the run's)",
+    )
+    _run_flags(p)
+    _file_flags(p)
+    _backend_flags(p)
+    return p
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    """What the run trains on and for how long, and its hyperparameters."""
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--num-envs", type=int, default=None)
+    p.add_argument(
+        "--mix",
+        action="append",
+        default=None,
+        metavar="GROUP",
+        help="a group of the run's envs (repeatable): [id=ENV_ID,][count=N,]setting=value,... with the "
+        "env's constructor settings, e.g. --mix frame_skip=5 --mix frame_skip=20 (ENV_ID's preset; "
+        "uncounted groups share the envs equally; a mix is placed on the workers by cost)",
+    )
+    p.add_argument("--num-workers", type=int, default=None)
+    p.add_argument("--total-steps", type=float, default=None, help="env steps (1e6 accepted)")
+    p.add_argument(
+        "--stop-at-return",
+        type=float,
+        default=None,
+        help="stop once the mean return of the last 20 episodes reaches this",
+    )
+    p.add_argument(
+        "--max-time",
+        type=duration,
+        default=None,
+        metavar="DURATION",
+        help="stop at the first safe point after this much wall time, e.g. 300, 90s, 5m, 1.5h "
+        "(the final checkpoint and result as at the end; the schedules do not change)",
+    )
+    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a hyperparameter (repeatable)",
+    )
+    p.add_argument("--zoo", action="store_true", help="use RL Zoo's hyperparameters where known (CartPole)")
+    p.add_argument("--list-keys", action="store_true", help="print the config for ENV_ID and exit")
+
+
+def _file_flags(p: argparse.ArgumentParser) -> None:
+    """Checkpoints to start from or continue, and what the run writes."""
+    p.add_argument("--logdir", default=None, help="run directory (default: runs/ENV-seedN-TIME)")
+    p.add_argument(
+        "--init-from", default=None, metavar="CHECKPOINT", help="start from the weights of a checkpoint of the same env"
+    )
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its newest checkpoint (same config; "
+        "--total-steps, --stop-at-return, --device and other safe keys may change)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=float,
+        default=None,
+        metavar="N",
+        help="env steps between checkpoints in the run directory (1e5 accepted; 0: only at the end; default 100000)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard event files")
+
+
+def _backend_flags(p: argparse.ArgumentParser) -> None:
+    """Where the envs run, and on how many learners."""
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="data-parallel ranks on this machine, each with its share of num_envs and a replica of the "
+        "policy, gradients summed over them (gloo on the CPU, NCCL on one CUDA device each; default 1; "
+        "under torchrun: its WORLD_SIZE)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=["engine", "ray"],
+        default="engine",
+        help="engine: envs on this machine (default); ray: envs in Ray actors over a "
+        'cluster (pip install "fastvec[ray]"), --num-workers then counts per actor',
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="with --backend ray: the cluster to join (default: start a local Ray instance on 127.0.0.1)",
+    )
+    p.add_argument(
+        "--actors",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --backend ray: Ray actors hosting the envs (default: one per node)",
+    )
+
+
+def _eval_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fastvec eval", description="Evaluate a checkpoint written by `fastvec train`.")
+    p.add_argument("checkpoint", help="checkpoint.pt (or its run directory)")
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--env", default=None, help="check the checkpoint was trained on this env id")
+    p.add_argument("--stochastic", action="store_true", help="sample actions instead of the mode")
+    p.add_argument("--num-envs", type=int, default=None)
+    return p
+
+
+def build_config(env_id: str, args):
+    """Preset for ``env_id`` < command-line flags < ``--set`` overrides."""
+    from ..config.overrides import apply_overrides
+    from ..config.presets import preset_for
+    from ..config.settings import PPOConfig
+
+    cfg = PPOConfig()
+    apply_overrides(cfg, preset_for(env_id, zoo=getattr(args, "zoo", False)))
+    _apply_flags(cfg, args)
+    _mix_num_envs(cfg, args)
+    if cfg.num_workers is not None and cfg.num_envs is not None and cfg.num_workers > cfg.num_envs:
+        # a preset's worker count must not block a smaller --num-envs
+        if args.num_workers is None and not any(o.startswith("num_workers") for o in args.overrides):
+            cfg.num_workers = None
+    g, w = cfg.env_groups, cfg.num_workers
+    if (
+        g > 1
+        and not any(o.startswith("env_groups") for o in args.overrides)
+        and (
+            cfg.num_envs % g
+            or getattr(args, "backend", "engine") != "engine"
+            or (w is not None and (w % g or (cfg.num_envs // g) % (w // g)))
+        )
+    ):
+        cfg.env_groups = 1  # nor may a preset's batch groups block --num-envs, --num-workers or Ray
+    return cfg.validate()
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """``--max-time``: seconds, or a number with s, m or h (``90s``, ``5m``, ``1.5h``)."""
+    t = text.strip().lower()
+    scale = _UNITS.get(t[-1:], None)
+    try:
+        v = float(t[:-1] if scale else t) * (scale or 1.0)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive duration like 300, 90s, 5m or 1.5h, got {text!r}")
+    return v
+
+
+def _mix_num_envs(cfg, args) -> None:
+    """Where every ``--mix`` group gives its count, they set ``num_envs`` (one given too
+    must agree)."""
+    from ..config.mix import counted_total
+    from ..config.settings import ConfigError
+
+    total = counted_total(getattr(args, "mix", None) or [])
+    if total is None or total == cfg.num_envs:
+        return
+    if args.num_envs is not None or any(o.replace("-", "_").startswith("num_envs") for o in args.overrides):
+        raise ConfigError(f"the --mix counts add up to {total} envs, but num_envs={cfg.num_envs} was given")
+    cfg.num_envs = total
+
+
+def _apply_flags(cfg, args) -> None:
+    """The command line's flags, then its ``--set`` overrides, onto ``cfg``."""
+    from ..config.overrides import apply_overrides
+    from ..config.settings import ConfigError
+
+    flags = {
+        "seed": args.seed,
+        "num_envs": args.num_envs,
+        "num_workers": args.num_workers,
+        "stop_at_return": args.stop_at_return,
+        "max_seconds": getattr(args, "max_time", None),
+        "device": args.device,
+    }
+    for name, value in (("total_steps", args.total_steps), ("checkpoint_every", args.checkpoint_every)):
+        if value is None:
+            continue
+        low = 1 if name == "total_steps" else 0
+        if not float(value).is_integer() or value < low:
+            kind = "a positive" if low else "a non-negative"
+            raise ConfigError(f"--{name.replace('_', '-')} must be {kind} integer, got {value:g}")
+        flags[name] = int(value)
+    apply_overrides(cfg, {k: v for k, v in flags.items() if v is not None})
+    apply_overrides(cfg, args.overrides)
+
+
+def resume_config(ckpt: dict, args):
+    """The config of the run being resumed with the command line's changes, refused
+    (ConfigError) where they touch more than ``SAFE_ON_RESUME``."""
+    from ..config.overrides import check_resume_config
+    from ..config.settings import PPOConfig
+
+    run = PPOConfig.from_dict(ckpt["config"])
+    cfg = PPOConfig.from_dict(ckpt["config"])
+    _apply_flags(cfg, args)
+    check_resume_config(run, cfg)
+    return cfg.validate()
+
+
+def _train(argv) -> int:
+    args = _train_parser().parse_args(argv)
+    from ..config.overrides import schedule_note
+    from ..config.settings import ConfigError
+
+    try:
+        resume, cfg = _train_config(args)
+        nproc = _nproc(args, cfg, resume)
+    except (ConfigError, ValueError) as exc:
+        return _fail("train", exc, 2)
+    if args.list_keys:
+        print(json.dumps(cfg.to_dict(), indent=1))
+        return 0
+    note = schedule_note(cfg)
+    if note and os.environ.get("RANK", "0") == "0":
+        print(f"fastvec train: note: {note}", file=sys.stderr, flush=True)
+    from ..compute.ranks import launched_world
+    from ..run.monitor import default_run_dir
+
+    run_dir = args.resume or args.logdir or default_run_dir(args.env_id, cfg.seed)
+    if nproc > 1 and launched_world() == 1:  # this process starts the ranks and watches them
+        from .local_ranks import rank_argv, run_ranks
+
+        return run_ranks(rank_argv(argv, None if args.resume else run_dir), nproc)
+    import torch  # noqa: F401  (imported before the clock starts)
+
+    init = None
+    if args.init_from:
+        from ..algo.checkpoints import load_checkpoint
+
+        try:
+            init = load_checkpoint(args.init_from)
+            if init.get("env_id") not in (None, args.env_id):
+                raise ValueError(f"checkpoint {args.init_from} was trained on {init['env_id']}, not {args.env_id}")
+        except ValueError as exc:
+            return _fail("train", exc, 2)
+    return _train_run(args, cfg, run_dir, init, resume)
+
+
+def _nproc(args, cfg, resume) -> int:
+    """The run's ranks (``--nproc``, or the launcher's ``WORLD_SIZE``); ValueError where
+    they cannot serve the run, before any process starts."""
+    from ...env_ids import is_pettingzoo
+    from ..compute.ranks import check_world, launched_world
+    from ..compute.torch_state import resolve_device
+    from ..storage.agent_rows import check_agent_run
+
+    launched = launched_world()
+    world = launched if args.nproc is None else args.nproc
+    if args.nproc is not None and args.nproc < 1:
+        raise ValueError(f"--nproc must be a positive integer, got {args.nproc}")
+    if launched > 1 and world != launched:
+        raise ValueError(f"--nproc {world} differs from the launcher's WORLD_SIZE={launched}: give one of them")
+    check_world(cfg, world, backend=args.backend, mix=args.mix, resume=None if resume is None else resume[1])
+    if is_pettingzoo(args.env_id):
+        check_agent_run(cfg, mix=args.mix, backend=args.backend, world=world)
+    if world > 1 and resolve_device(cfg.device).type == "cuda":
+        import torch
+
+        local = world if launched == 1 else int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        if local > torch.cuda.device_count():
+            raise ValueError(
+                f"{local} ranks on this machine need a CUDA device each; it has {torch.cuda.device_count()} "
+                "(--device cpu trains on gloo)"
+            )
+    return world
+
+
+def _train_config(args):
+    """``(resumed checkpoint or None, the config)`` of ``fastvec train``'s flags; ValueError
+    or ConfigError on bad input, before any process starts."""
+    from ..config.presets import check_env_id
+
+    resume = None
+    if args.resume is not None:
+        if args.mix:
+            raise ValueError("--resume continues the run's envs; it does not take --mix")
+        resume = _resume_target(args)
+        args.env_id = resume[1]["env_id"]
+        cfg = resume_config(resume[1], args)
+    elif args.env_id is None:
+        raise ValueError("give an env id (e.g. CartPole-v1) or --resume RUN_DIR")
+    else:
+        check_env_id(args.env_id)
+        cfg = build_config(args.env_id, args)
+        if args.mix:  # (counts and ids here; run_training builds one env of each group)
+            from ..config.mix import resolve_mix
+
+            resolve_mix(args.mix, args.env_id, cfg.num_envs)
+    if args.backend != "ray" and (args.ray_address is not None or args.actors is not None):
+        raise ValueError("--ray-address and --actors need --backend ray")
+    if args.actors is not None and args.actors < 1:
+        raise ValueError(f"--actors must be a positive integer, got {args.actors}")
+    if args.actors is not None and args.actors > cfg.num_envs:
+        raise ValueError(f"--actors {args.actors} exceeds num_envs={cfg.num_envs}")
+    check_backend(cfg, backend=args.backend)
+    if args.backend == "ray" and not args.list_keys:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise ValueError('--backend ray needs Ray: pip install "fastvec[ray]"') from None
+    return resume, cfg
+
+
+def _train_run(args, cfg, run_dir: str, init, resume) -> int:
+    """The run, stopped at a safe point by Ctrl-C or SIGTERM; its JSON line and exit code."""
+    from ...errors import WorkerError
+    from ..compute.ranks import OTHER_RANK_FAILED, RankError
+    from ..config.settings import ConfigError
+    from ..run.stops import StopOnSignal
+
+    stop = StopOnSignal()
+    try:
+        with stop:
+            result = run_training(
+                args.env_id,
+                cfg,
+                run_dir=run_dir,
+                progress=not args.no_progress,
+                tensorboard=not args.no_tensorboard,
+                init_from=init,
+                mix=args.mix,
+                backend=args.backend,
+                ray_address=args.ray_address,
+                ray_actors=args.actors,
+                resume=resume,
+                stop=stop,
+            )
+    except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
+        return _fail("train", exc, 1)
+    except ConfigError as exc:
+        return _fail("train", exc, 2)
+    except RankError as exc:  # another rank failed first: the launcher names that one
+        _fail("train", exc, 1)
+        return OTHER_RANK_FAILED
+    except KeyboardInterrupt:
+        print("fastvec train: interrupted", file=sys.stderr)
+        return 128 + (stop.last or signal.SIGINT)
+    except Exception as exc:  # env failures (WorkerError), spaces the policy cannot handle
+        return _fail("train", exc, 1)
+    if os.environ.get("RANK", "0") == "0":  # a data-parallel run's line is rank 0's
+        print(json.dumps(result), flush=True)
+    return 128 + stop.signum if result.get("interrupted") else 0
+
+
+def _resume_target(args) -> tuple[str, dict]:
+    """``(checkpoint path, checkpoint)`` for ``--resume``, after the flags that cannot go
+    with it are refused."""
+    from ..algo.checkpoints import resume_checkpoint
+
+    for flag, value in (("--init-from", args.init_from), ("--zoo", args.zoo)):
+        if value:
+            raise ValueError(f"--resume continues a run; it does not take {flag}")
+    if args.logdir is not None and os.path.realpath(args.logdir) != os.path.realpath(args.resume):
+        raise ValueError("--resume writes into the run's own directory; drop --logdir")
+    found = resume_checkpoint(args.resume)
+    run_env = found[1].get("env_id")
+    if run_env is None:
+        raise ValueError(
+            f"{found[0]} was trained on a vector env given in Python; resume it with "
+            "fastvec.train.commands.cli.run_training(venv=..., resume=...)"
+        )
+    if args.env_id is not None and args.env_id != run_env:
+        raise ValueError(f"{args.resume} is a run of {run_env}, not {args.env_id}")
+    return found
+
+
+def _eval(argv) -> int:
+    args = _eval_parser().parse_args(argv)
+    if args.episodes < 1:
+        return _fail("eval", ValueError(f"--episodes must be positive, got {args.episodes}"), 2)
+    from ...errors import WorkerError
+    from ..algo.checkpoints import load_checkpoint
+    from .evaluate import evaluate
+
+    try:
+        ckpt = load_checkpoint(args.checkpoint)
+    except ValueError as exc:
+        return _fail("eval", exc, 2)
+    try:
+        result = evaluate(
+            ckpt,
+            episodes=args.episodes,
+            seed=args.seed,
+            deterministic=not args.stochastic,
+            env_id=args.env,
+            num_envs=args.num_envs,
+        )
+    except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
+        return _fail("eval", exc, 1)
+    except ValueError as exc:
+        return _fail("eval", exc, 2)
+    except Exception as exc:
+        return _fail("eval", exc, 1)
+    print(json.dumps(result))
+    return 0
+
+
+def _fail(cmd: str, exc: BaseException, code: int) -> int:
+    if os.environ.get("FASTVEC_DEBUG"):
+        raise exc
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "1") and not msg.startswith("rank "):
+        msg = f"rank {os.environ.get('RANK')}: {msg}"
+    if code == 1:
+        msg = f"{type(exc).__name__}: {msg}"
+        if getattr(exc, "resume_from", None):
+            msg += f" (checkpoint saved; continue with: fastvec train --resume {exc.resume_from})"
+    print(f"fastvec {cmd}: error: {msg}", file=sys.stderr)
+    return code
+
+
+def main(name: str, argv: list[str]) -> int:
+    if name == "train":
+        return _train(argv)
+    if name == "eval":
+        return _eval(argv)
+    print(f"fastvec: unknown command {name!r}", file=sys.stderr)
+    return 2

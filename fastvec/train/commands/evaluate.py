@@ -1,0 +1,171 @@
+"""``fastvec eval``: run a checkpoint's policy for some episodes, in-process."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..algo.checkpoints import check_spaces, load_checkpoint, policy_from_checkpoint
+
+__all__ = ["evaluate"]
+
+
+def evaluate(
+    checkpoint,
+    episodes: int = 10,
+    seed: int = 0,
+    deterministic: bool = True,
+    env_id: str | None = None,
+    num_envs: int | None = None,
+) -> dict:
+    """Run ``episodes`` episodes of a checkpoint's policy (in-process, vectorised).
+
+    Episodes are spread evenly over the envs (each env runs its share, as SB3's
+    ``evaluate_policy``), so short episodes are not over-represented. Beside them, the
+    training return the checkpoint was written at (the mean of its last
+    ``return_window`` training episodes, stochastic actions; None where it kept none):
+    published PPO figures are of either kind, and the two differ.
+
+    A run on a mix of envs (``fastvec.train.config.mix``) is evaluated on envs drawn evenly from
+    its groups (at least one per group), each group's mean return reported beside.
+    A run on a PettingZoo env is evaluated on copies of it in ``fastvec.AgentVectorEnv``
+    (``num_envs`` copies, one worker): an episode is one agent's.
+    """
+    ckpt = load_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
+    env_id = _env_of(ckpt, env_id, episodes)
+    mix = ckpt.get("mix")
+    venv, group = _eval_envs(ckpt, env_id, episodes, num_envs)
+    try:
+        check_spaces(ckpt, venv.single_observation_space, venv.single_action_space, env_id)
+        torch.set_num_threads(1)
+        pol = policy_from_checkpoint(ckpt)
+        returns, lengths, groups, wall = _episodes(venv, pol, group, episodes, seed, deterministic)
+    finally:
+        venv.close()
+    out = {
+        "env_id": env_id,
+        "episodes": len(returns),
+        "mean_return": float(np.mean(returns)),
+        "std_return": float(np.std(returns)),
+        "min_return": float(np.min(returns)),
+        "max_return": float(np.max(returns)),
+        "mean_length": float(np.mean(lengths)),
+        "deterministic": deterministic,
+        "seed": seed,
+        "training_mean_return": _training_return(ckpt),
+        "training_env_steps": ckpt.get("env_steps"),
+        "wall_seconds": round(wall, 3),
+    }
+    if mix:
+        rets, grp = np.array(returns), np.array(groups)
+        out["groups"] = [
+            {
+                "env_id": g["env_id"],
+                "env_kwargs": g["env_kwargs"],
+                "episodes": int((grp == k).sum()),
+                "mean_return": float(rets[grp == k].mean()) if (grp == k).any() else None,
+            }
+            for k, g in enumerate(mix)
+        ]
+    return out
+
+
+def _env_of(ckpt: dict, env_id: str | None, episodes: int) -> str:
+    """The env id to evaluate on (the checkpoint's; one given must agree); ValueError on bad input."""
+    from ..config.presets import check_env_id
+
+    ck_env = ckpt.get("env_id")
+    if env_id is not None and ck_env is not None and env_id != ck_env:
+        raise ValueError(f"checkpoint was trained on {ck_env}, not {env_id}")
+    env_id = env_id or ck_env
+    if env_id is None:
+        raise ValueError("the checkpoint does not name its env; pass env_id")
+    check_env_id(env_id)
+    if episodes < 1:
+        raise ValueError(f"episodes must be a positive integer, got {episodes}")
+    return env_id
+
+
+def _envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
+    """The eval envs' factories and each one's group (a mix's envs drawn evenly from its
+    groups, at least one per group)."""
+    from ..config.mix import group_of, mix_factories
+    from ..config.presets import env_factory
+
+    mix = ckpt.get("mix")
+    if mix:
+        fns = mix_factories(mix)
+        n = min(episodes, num_envs or max(8, len(mix)))
+        picks = [k * len(fns) // n for k in range(n)]
+        return [fns[i] for i in picks], group_of(mix)[picks]
+    n = min(episodes, num_envs or 8)
+    return [env_factory(env_id, ckpt.get("env_kwargs"))] * n, np.zeros(n, np.int64)
+
+
+def _eval_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
+    """The vector env to evaluate on (in this process; a PettingZoo env's copies in a
+    worker) and each env's group."""
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    from ...env_ids import is_pettingzoo
+
+    if is_pettingzoo(env_id):
+        return _agent_envs(ckpt, env_id, episodes, num_envs)
+    fns, group = _envs(ckpt, env_id, episodes, num_envs)
+    mode = "different" if ckpt.get("mix") else "same"
+    return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, observation_mode=mode), group
+
+
+def _agent_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
+    """Copies of a PettingZoo env, enough rows for ``episodes`` agent episodes (at most
+    ``num_envs`` copies, default 8), in one worker process."""
+    import functools
+
+    from ...doors.gymnasium_agents import AgentVectorEnv
+    from ...env_ids import make_parallel_env
+
+    fn = functools.partial(make_parallel_env, env_id, dict(ckpt.get("env_kwargs") or {}))
+    agents = len(ckpt.get("agents") or ()) or 1  # rows per copy
+    n = max(1, min(-(-episodes // agents), num_envs or 8))
+    venv = AgentVectorEnv([fn] * n, autoreset_mode="same_step", num_workers=1)
+    return venv, np.zeros(venv.num_envs, np.int64)
+
+
+def _episodes(venv, pol, group, episodes: int, seed: int, deterministic: bool):
+    """``episodes`` episodes spread evenly over the envs: their returns, lengths, groups,
+    and the seconds they took (from the reset on)."""
+    import gymnasium as gym
+
+    n = venv.num_envs
+    targets = np.array([(episodes + i) // n for i in range(n)])
+    counts = np.zeros(n, np.int64)
+    ep_ret, ep_len = np.zeros(n), np.zeros(n, np.int64)
+    returns, lengths, groups = [], [], []
+    obs, _ = venv.reset(seed=seed)
+    state = torch.zeros(n, pol.state_size) if pol.recurrent else None  # a recurrent policy's memory
+    t0 = time.perf_counter()
+    while (counts < targets).any():
+        act = pol.predict(obs, deterministic=deterministic, state=state)
+        if isinstance(venv.single_action_space, gym.spaces.Box):
+            act = act.astype(venv.single_action_space.dtype)
+        acting = getattr(venv, "active", True)  # (agents: the rows whose action counts)
+        obs, r, term, trunc, _ = venv.step(act)
+        ep_ret += r
+        ep_len += acting
+        if state is not None:  # (agents: a row that did not act starts afresh when its copy resets)
+            state[torch.from_numpy((term | trunc) | ~np.asarray(acting, bool))] = 0.0
+        for i in np.flatnonzero(term | trunc):
+            if counts[i] < targets[i]:
+                returns.append(float(ep_ret[i]))
+                lengths.append(int(ep_len[i]))
+                groups.append(int(group[i]))
+                counts[i] += 1
+            ep_ret[i], ep_len[i] = 0.0, 0
+    return returns, lengths, groups, time.perf_counter() - t0
+
+
+def _training_return(ckpt: dict) -> float | None:
+    window = ((ckpt.get("train_state") or {}).get("tracker") or {}).get("window")
+    return float(np.mean(window)) if window else None

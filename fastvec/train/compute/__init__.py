@@ -1,0 +1,13 @@
+"""Where the trainer computes: torch's device, the processes of a data-parallel run.
+
+- ``torch_state``: the device, torch's RNG states and threads;
+- ``ranks``: the ranks of a data-parallel run and the collectives they share;
+- ``pinned``: page-locked host memory, for asynchronous copies to a GPU;
+- ``busy``: the fraction of the time the learner's device is busy.
+"""
+
+from .pinned import HostPin
+from .ranks import SOLO, RankError, Ranks
+from .torch_state import resolve_device
+
+__all__ = ["Ranks", "SOLO", "RankError", "HostPin", "resolve_device"]

@@ -1,0 +1,13 @@
+"""A training run: the loop over rollouts and what it leaves behind.
+
+- ``loop``: ``train(cfg, storage, monitor)``, which builds no envs;
+- ``report``: the scalars of each logging point and the run's result;
+- ``monitor``: the run directory, TensorBoard, metrics, the curve, health probes;
+- ``stops``: what ends a run early: worker restarts past their limit, Ctrl-C, SIGTERM.
+"""
+
+from .loop import train
+from .monitor import Monitor
+from .stops import RestartLimitError
+
+__all__ = ["train", "Monitor", "RestartLimitError"]
