@@ -27,12 +27,14 @@ BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 MAX_CLASS, MAX_FUNCTION, MAX_MODULE, MAX_POSITIONAL = 300, 60, 500, 6
 
 # Signatures that mirror a peer's or stand in the public API as released: positional
-# callers of these must keep working (gymnasium's AsyncVectorEnv, fastvec.gae/vtrace).
+# callers of these must keep working (gymnasium's AsyncVectorEnv, fastvec.gae/vtrace,
+# fastvec.train.save_checkpoint).
 POSITIONAL_API = {
     "fastvec/doors/gymnasium.py:AsyncVectorEnv.__init__",
     "fastvec/returns/gae_estimates.py:gae",
     "fastvec/returns/gae_estimates.py:gae_from_dones",
     "fastvec/returns/vtrace_targets.py:vtrace",
+    "fastvec/train/algo/checkpoints.py:save_checkpoint",
 }
 
 # The trainer's layers, lowest first: a module of one may import its own layer's and

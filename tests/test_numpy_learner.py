@@ -15,10 +15,10 @@ import torch
 from gymnasium import spaces
 
 from fastvec.train import PPO, ConfigError, PPOConfig
-from fastvec.train.model.distributions import GaussianDist
 from fastvec.train.algo.minibatch import NumpyLearner
 from fastvec.train.algo.optim import flatten_parameters
 from fastvec.train.model.actor_critic import make_policy
+from fastvec.train.model.distributions import GaussianDist
 
 OBS = spaces.Box(-np.inf, np.inf, (7,), np.float32)
 
@@ -84,7 +84,7 @@ def test_gradient_matches_autograd(act_space, activation, ent_coef, clip_vf, hid
     ov = rng.standard_normal(n).astype(np.float32) * 0.3
 
     stats = {k: [] for k in ("kl", "cf", "pg", "v", "ent")}
-    assert learner.minibatch(x, a, olp, adv, ret, ov, clip, True, None, stats) is False
+    assert learner.minibatch(x, a, olp, adv, ret, ov, clip=clip, want_stats=True, target_kl=None, stats=stats) is False
     got = grad.numpy().copy()
 
     t = lambda v: torch.as_tensor(v, dtype=torch.float64)  # noqa: E731
@@ -120,7 +120,7 @@ def test_target_kl_stops_before_the_gradient():
     z = np.zeros(32, np.float32)
     stats = {"kl": []}
     # old log-probs far above the new ones: a large KL
-    assert learner.minibatch(x, a, z + 5.0, z + 1, z, z, 0.2, True, 0.01, stats) is True
+    assert learner.minibatch(x, a, z + 5.0, z + 1, z, z, clip=0.2, want_stats=True, target_kl=0.01, stats=stats) is True
     assert stats["kl"][0] > 0.015
     assert (grad == 7.0).all(), "no gradient is written when the KL stops the epochs"
 
@@ -233,7 +233,9 @@ def test_learners_track_each_other_on_cartpole():
                 ppo.collect()
                 ppo.prepare()
                 ppo.update()
-                ppo.rollout.obs[0].copy_(ppo.rollout.obs[cfg.n_steps])  # as fastvec.train.pipelines.lockstep's LockStep does
+                ppo.rollout.obs[0].copy_(
+                    ppo.rollout.obs[cfg.n_steps]
+                )  # as fastvec.train.pipelines.lockstep's LockStep does
                 params[learner].append(ppo.flat_param.detach().clone())
         finally:
             venv.close()

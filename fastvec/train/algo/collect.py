@@ -123,7 +123,7 @@ class Collector:
             if copies:
                 span = begin()
                 obs.copy_(obs_h, non_blocking=True)
-            act(obs, states[t], states[t + 1], noise, a, raw, logp[t])
+            act(obs, states[t], states[t + 1], noise, a, raw_out=raw, logp_out=logp[t])
             if copies:
                 end(span)
                 act_h.copy_(a)

@@ -150,7 +150,7 @@ class NumpyLearner:
                     g *= 1.0 - h * h
 
     def minibatch(
-        self, x, actions, old_logp, adv, ret, old_v, clip: float, want_stats: bool, target_kl: float | None, stats
+        self, x, actions, old_logp, adv, ret, old_v, *, clip: float, want_stats: bool, target_kl: float | None, stats
     ) -> bool:
         """One minibatch: ``x`` the (normalised) observations ``[n, D]`` float32,
         ``actions`` the raw Gaussian samples ``[n, dim]`` or Discrete actions ``[n]``, the
@@ -269,7 +269,7 @@ class AutogradMinibatch:
         self.policy, self.flat_grad = policy, flat_grad
         self.ent_coef, self.vf_coef, self.clip_vf = ent_coef, vf_coef, clip_vf
 
-    def minibatch(self, o, a, olp, adv_b, ret, ov, clip, want_stats, target_kl, stats) -> bool:
+    def minibatch(self, o, a, olp, adv_b, ret, ov, *, clip, want_stats, target_kl, stats) -> bool:
         """True, with no gradient, when the approximate KL stops the epochs (``target_kl``)."""
         pol, clip_vf, ent_coef = self.policy, self.clip_vf, self.ent_coef
         params, v = pol.params_and_value(o)

@@ -110,13 +110,22 @@ class PPO:
         self.T, self.N = cfg.n_steps, storage.num_envs
         busy = self._busy = DeviceBusy(device)
         self.updater = Updater(
-            cfg, self.policy, self.flat_param, self.flat_grad, self.T * self.N, busy, self.threads, ranks
+            cfg,
+            self.policy,
+            self.flat_param,
+            self.flat_grad,
+            self.T * self.N,
+            busy=busy,
+            threads=self.threads,
+            ranks=ranks,
         )
         self.rollout = Rollout(storage, self.policy, self.T, device, copies=separate_buffers)
         self.collector = Collector(self.policy, busy, self.threads, ranks)
         self.tracker = EpisodeTracker(self.N, cfg.return_window)
         self.reward_scaler = RewardScaler(self.N, cfg.gamma) if cfg.normalize_reward else None
-        self.targets = Targets(cfg, self.policy, self.flat_param, self.reward_scaler, busy, self.threads, ranks)
+        self.targets = Targets(
+            cfg, self.policy, self.flat_param, self.reward_scaler, busy=busy, threads=self.threads, ranks=ranks
+        )
         self.env_steps = 0  # the run's (every rank's)
         self.curve: list[tuple[int, float]] = []
 

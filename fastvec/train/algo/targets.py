@@ -49,6 +49,7 @@ class Targets:
         policy,
         flat_param: torch.Tensor,
         reward_scaler: RewardScaler | None,
+        *,
         busy: DeviceBusy,
         threads: Threads,
         ranks: Ranks = SOLO,

@@ -70,6 +70,7 @@ class Updater:
         flat_param: torch.Tensor,
         flat_grad: torch.Tensor,
         batch: int,
+        *,
         busy: DeviceBusy,
         threads: Threads,
         ranks: Ranks = SOLO,
@@ -242,14 +243,14 @@ class Updater:
                 cols, a_r = cols[keep], a_r[keep]
             yield seq, a_r, cols[:, D], cols[:, D + 1], cols[:, D + 2], cols[:, D + 3]
 
-    def _minibatch(self, *args) -> bool:
+    def _minibatch(self, *part, **settings) -> bool:
         """A minibatch's loss and gradient: numpy's where it covers the policy, else autograd's."""
         npl = self.np_learner
-        return (npl.minibatch if npl is not None else self._autograd.minibatch)(*args)
+        return (npl.minibatch if npl is not None else self._autograd.minibatch)(*part, **settings)
 
     def _learn(self, part, clip: float, want_stats: bool, stats: dict) -> bool:
         """One minibatch's gradient into ``flat_grad``; True where the KL stops the epochs."""
-        return self._minibatch(*part, clip, want_stats, self.cfg.target_kl, stats)
+        return self._minibatch(*part, clip=clip, want_stats=want_stats, target_kl=self.cfg.target_kl, stats=stats)
 
     def _rank_minibatches(self, data, obs, acts, D: int):
         """``_minibatches`` of one rank of several: the permutation is the run's (the same
@@ -292,7 +293,9 @@ class Updater:
         if part is None:
             self.flat_grad.zero_()
         else:
-            self._minibatch(*part, clip, True, None, mine)  # every statistic, no stop: the KL stop is the run's
+            self._minibatch(
+                *part, clip=clip, want_stats=True, target_kl=None, stats=mine
+            )  # every statistic, no stop: the KL stop is the run's
             self.flat_grad.mul_(share)
         return self._reduced(mine, share, want_stats, stats)
 

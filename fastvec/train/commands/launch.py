@@ -10,6 +10,7 @@ interpreter early, the monitor and the envs, and hands them to
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -192,7 +193,7 @@ def _resumed(resume, env_id, config, run_dir, init_from, mix):
     return ckpt, env_id or ckpt.get("env_id"), ckpt.get("env_kwargs"), ckpt.get("mix"), config, run_dir
 
 
-def _check_envs(cfg, env_id, venv, env_kwargs, mix, backend, ray_address, ray_actors):
+def _check_envs(cfg, env_id, *, venv, env_kwargs, mix, backend, ray_address, ray_actors):
     """ValueError where the envs asked for cannot be built; ``(env_kwargs, mix)`` settled."""
     from ...env_ids import is_pettingzoo
     from ..storage.agent_rows import check_agent_run
@@ -259,7 +260,16 @@ def run_training(
         resume_step = int(resumed["train_state"]["env_steps"])
     cfg = (config or PPOConfig()).validate()
     device = resolve_device(cfg.device)
-    env_kwargs, mix = _check_envs(cfg, env_id, venv, env_kwargs, mix, backend, ray_address, ray_actors)
+    env_kwargs, mix = _check_envs(
+        cfg,
+        env_id,
+        venv=venv,
+        env_kwargs=env_kwargs,
+        mix=mix,
+        backend=backend,
+        ray_address=ray_address,
+        ray_actors=ray_actors,
+    )
     check_world(cfg, launched_world(), venv=venv, backend=backend, mix=mix, resume=resumed)
     ckpt = None
     if init_from is not None:
@@ -270,10 +280,28 @@ def run_training(
     storage_args.update(ray_address=ray_address, ray_actors=ray_actors, pin=device.type == "cuda")
     if launched_world() > 1 and int(os.environ.get("RANK", "0")):  # rank 0 writes the files and shows the progress
         run_dir, tensorboard, progress = None, False, False
-    return _start(env_id, cfg, run_dir, tensorboard, resume_step, storage_args, ckpt, resumed, stop, progress, save)
+    plan = _Start(env_id, cfg, run_dir, tensorboard, progress, save, resume_step, resumed, ckpt, stop, storage_args)
+    return _start(plan)
 
 
-def _start(env_id, cfg, run_dir, tensorboard, resume_step, storage_args, ckpt, resume, stop, progress, save) -> dict:
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """A run as ``run_training`` settled it, for ``_start``."""
+
+    env_id: str | None
+    cfg: PPOConfig
+    run_dir: str | None
+    tensorboard: bool
+    progress: bool
+    save: bool
+    resume_step: int | None  # where the monitor's curves continue (a resume)
+    resume: dict | None  # the checkpoint a resume continues
+    init: dict | None  # the checkpoint a new run starts from (init_from)
+    stop: object  # a callable asked at every safe point, or None
+    storage_args: dict  # build_storage's keyword arguments
+
+
+def _start(plan: _Start) -> dict:
     """The learner's interpreter (async), the data-parallel group (where a launcher set
     one up; after the learner's fork, which joins a group of its own), the monitor and the
     envs, in that order; then the run. Whatever started is closed again if a later start fails."""
@@ -285,12 +313,13 @@ def _start(env_id, cfg, run_dir, tensorboard, resume_step, storage_args, ckpt, r
     from ..run.loop import train
     from ..run.monitor import Monitor
 
+    cfg, storage_args = plan.cfg, plan.storage_args
     learner = LearnerProcess() if cfg.pipeline == "async" else None  # its interpreter starts while the envs do
     ranks = None
     try:
         # (async: this process acts on the CPU, its learner process has the device)
         ranks = ranks_from_environment(torch.device("cpu") if learner is not None else resolve_device(cfg.device))
-        monitor = Monitor(run_dir or None, tensorboard=tensorboard, resume_step=resume_step)
+        monitor = Monitor(plan.run_dir or None, tensorboard=plan.tensorboard, resume_step=plan.resume_step)
     except BaseException:
         if learner is not None:
             learner.close()
@@ -302,7 +331,7 @@ def _start(env_id, cfg, run_dir, tensorboard, resume_step, storage_args, ckpt, r
     warm_up_torch()
     t_start = time.perf_counter()  # the clock starts here: env start-up is part of the wall time
     try:
-        storage = build_storage(env_id, cfg, ranks=ranks, **storage_args)
+        storage = build_storage(plan.env_id, cfg, ranks=ranks, **storage_args)
     except BaseException:
         if learner is not None:
             learner.close()
@@ -315,14 +344,14 @@ def _start(env_id, cfg, run_dir, tensorboard, resume_step, storage_args, ckpt, r
             cfg,
             storage,
             monitor,
-            env_id=env_id,
+            env_id=plan.env_id,
             env_kwargs=env_kwargs,
             mix=mix,
-            init=ckpt,
-            resume=resume,
-            stop=stop,
-            progress=progress,
-            save=save,
+            init=plan.init,
+            resume=plan.resume,
+            stop=plan.stop,
+            progress=plan.progress,
+            save=plan.save,
             t_start=t_start,
             learner=learner,
             ranks=ranks,

@@ -269,7 +269,7 @@ class ActorCritic(nn.Module):
         return self.critic_head(y).squeeze(-1)
 
     def act_recurrent(
-        self, obs, state, state_out, noise, act_out, raw_out=None, logp_out=None, deterministic: bool = False
+        self, obs, state, state_out, noise, act_out, *, raw_out=None, logp_out=None, deterministic: bool = False
     ):
         """One acting step of a recurrent policy (under ``torch.inference_mode()``): the
         actor's core fed ``state`` (rows of ``state_size``) writes the state it leaves
@@ -307,7 +307,7 @@ class ActorCritic(nn.Module):
         """``actor_params`` without module dispatch for MLPs (the same numbers)."""
         return self.actor_params(obs) if self.image else self.acting_path().params(obs)
 
-    def act_(self, obs, noise, act_out, raw_out=None, logp_out=None, value_out=None, deterministic: bool = False):
+    def act_(self, obs, noise, act_out, raw_out=None, logp_out=None, value_out=None, *, deterministic: bool = False):
         """One acting step (call under ``torch.inference_mode()``). Writes actions into
         ``act_out``; for a shared body also the log-prob and value into ``logp_out`` /
         ``value_out`` when given."""

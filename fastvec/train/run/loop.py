@@ -84,9 +84,20 @@ def train(
     storage holds this rank's share of the envs); the ranks stop, checkpoint and end
     together, and the run's rank 0 writes the files.
     """
-    device = _checked(cfg, storage, monitor, init, resume, learner, ranks)
+    device = _checked(cfg, storage, monitor=monitor, init=init, resume=resume, learner=learner, ranks=ranks)
     t0 = time.perf_counter() if t_start is None else t_start
-    run = Run(cfg, storage, monitor, device, (env_id, env_kwargs, mix), resume, save, t0, learner, ranks)
+    run = Run(
+        cfg,
+        storage,
+        monitor,
+        device=device,
+        envs=(env_id, env_kwargs, mix),
+        resume=resume,
+        save=save,
+        t_start=t0,
+        learner=learner,
+        ranks=ranks,
+    )
     try:
         run.start(init if resume is None else resume, progress)
         while run.ppo.env_steps < cfg.total_steps:
@@ -102,7 +113,7 @@ def train(
     return run.finish()
 
 
-def _checked(cfg: PPOConfig, storage, monitor, init, resume, learner, ranks: Ranks):
+def _checked(cfg: PPOConfig, storage, *, monitor, init, resume, learner, ranks: Ranks):
     """The run's device, once its arguments are checked; what it was given is closed
     where they are not right."""
     try:
@@ -131,7 +142,18 @@ class Run:
     ``envs``: ``(env_id, env_kwargs, mix)``, what the checkpoints name."""
 
     def __init__(
-        self, cfg: PPOConfig, storage, monitor, device, envs: tuple, resume, save: bool, t_start, learner, ranks=SOLO
+        self,
+        cfg: PPOConfig,
+        storage,
+        monitor,
+        *,
+        device,
+        envs: tuple,
+        resume,
+        save: bool,
+        t_start,
+        learner,
+        ranks=SOLO,
     ):
         self.learner, self.ranks = learner, ranks
         self.cfg, self.storage, self.monitor, self.device = cfg, storage, monitor, device

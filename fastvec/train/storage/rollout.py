@@ -63,6 +63,7 @@ class Rollout:
         policy: ActorCritic,
         T: int,
         device: torch.device,
+        *,
         copies: bool | None = None,
         pin: bool | None = None,
         shared: dict | None = None,

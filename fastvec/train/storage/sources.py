@@ -14,7 +14,7 @@ which rows act at each step (None: all; ``fastvec.train.storage.agent_rows`` for
   of the same layout, filled from a vector env the caller owns (how the benchmarks
   compare the transports).
 
-``HostPin`` (page-locking for asynchronous copies to a GPU) lives in ``host_memory``.
+``HostPin`` (page-locking for asynchronous copies to a GPU) lives in ``fastvec.train.compute.pinned``.
 """
 
 from __future__ import annotations
