@@ -33,10 +33,15 @@ imports it. With no ``ray_address`` and no Ray connection in this process, a loc
 instance is started that listens on 127.0.0.1 only, and stopped when the last vector env
 using it closes.
 
-The package: ``session`` (the Ray connection), ``placement`` (where actors go and
-which envs they run), ``actor`` (the actor class), ``calls`` (actor calls and their
-errors), ``transport`` (a step's dispatch and collection), ``engine`` (``RayEngine``)
-and ``doors`` (the two front doors).
+The package:
+
+- ``session``: this process's Ray connection, joined or started;
+- ``placement``: where the actors go and which envs each runs (``RayPlacement``);
+- ``actor``: the actor, a node-local ``Engine`` over its envs;
+- ``calls``: calls to the actors, and the errors of the failures they report;
+- ``transport``: a step's dispatch and collection, per actor;
+- ``engine``: ``RayEngine``;
+- ``doors``: the two front doors over it.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@
 # receiver idled 1 ms: a halted virtual CPU takes ~40 us to wake, and a step pays that
 # twice (parent -> workers, last worker -> parent). Spinning instead burns a core the
 # caller's policy or another worker needs. The forecasts (forecast.pxd) trade these off;
-# see docs/ARCHITECTURE.md, "Waits". Another machine may want other numbers: change them
-# here, and measure before and after.
+# see docs/guide/engine-internals.md, "Waits". Another machine may want other numbers:
+# change them here, and measure before and after.
 
 cdef enum:
     # -- Fixed spins: with spin_us/main_spin_us unset, the first waits (nothing learned
