@@ -1,4 +1,5 @@
-"""What both front doors share: the engine, the ring of result slots, open and closed.
+"""What both front doors share: the engine, the ring of result slots, open and closed,
+and the checks of the arguments both take (seeds, timeouts, ``num_workers``).
 
 Each ``step``/``reset`` writes into the slot after the one last returned, so a view
 handed out earlier stays intact for ``num_slots - 1`` further calls.
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import EllipsisType
-from typing import Literal
+from typing import Literal, overload
+
+import numpy as np
 
 from .._core.infos import StepResult
 from ..engine import Engine
@@ -21,6 +24,36 @@ def check_open(door) -> None:
     """ClosedError where ``door`` (a vector env of either door) is closed."""
     if door.closed:
         raise ClosedError(f"this {type(door).__name__} is closed")
+
+
+@overload
+def check_seed(seed: None, where: str) -> None: ...
+@overload
+def check_seed(seed: int | np.integer, where: str) -> int: ...
+def check_seed(seed, where: str) -> int | None:
+    """A seed: None or a non-negative int, else ValueError naming ``where``."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"{where} must be a non-negative int or None, got {seed!r}")
+    return int(seed)
+
+
+def check_timeout(timeout) -> None:
+    """A wait's ``timeout``: a non-negative number of seconds, else ValueError."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise ValueError(f"timeout must be a non-negative number of seconds or None, got {timeout!r}")
+
+
+def check_num_workers(num_workers) -> tuple[bool, int | None]:
+    """Whether ``num_workers`` asks for the timed layout ("auto"), and the count it
+    gives otherwise (None: the default; a number is checked where it is used). Any
+    other string raises ValueError."""
+    if isinstance(num_workers, str):
+        if num_workers != "auto":
+            raise ValueError(f"num_workers must be a positive int, None or 'auto', got {num_workers!r}")
+        return True, None
+    return False, num_workers
 
 
 class EngineDoor:

@@ -36,17 +36,12 @@ from .._core.infos import with_quiet_ends
 from .._core.segment import OBJECT, build_nested
 from ..errors import NoPendingCallError, PendingCallError
 from . import _gym_infos
-from .base import check_open
+from .base import check_open, check_timeout
 from .vector_infos import VectorInfos
 
 # nothing to recv (returned and not sent, or failed) / reset results / a step in flight /
 # a step's results taken from the workers, kept for the next recv (ready mode)
 _IDLE, _READY, _SENT, _KEPT = 0, 1, 2, 3
-
-
-def _check_timeout(timeout) -> None:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-        raise ValueError(f"timeout must be a non-negative number of seconds or None, got {timeout!r}")
 
 
 def check_batch_size(batch_size, num_envs: int, batch_mode) -> int:
@@ -210,7 +205,7 @@ class Batches:
         if not self.active:
             raise NoPendingCallError("Calling `recv` before `async_reset`", "recv")
         if timeout is not None:
-            _check_timeout(timeout)
+            check_timeout(timeout)
         if self.mode == "ready":
             return self._recv_ready(timeout)
         g = self.next
@@ -279,7 +274,6 @@ class Batches:
         if len(batch) == 1:  # one worker a batch (the default on few cores): the groups path, copied
             return self._recv_unit(batch[0])
         k = self.unit_size
-        parts: list = []
         infos: dict = {}
         taken = []
         try:
@@ -289,22 +283,13 @@ class Batches:
             for u, got in taken:
                 self.state[u], self.kept[u] = _KEPT, got
             raise
-        for p, (u, (obs_rows, rewards, terminated, truncated, records, slot, _)) in enumerate(taken):
-            parts.append((obs_rows, rewards, terminated, truncated))
+        for p, (u, (_, _, terminated, truncated, records, slot, _)) in enumerate(taken):
             infos = self.infos.merge(
                 records, slot, self._same_step(terminated, truncated), self.units[u][0], infos, offset=p * k
             )
         infos["env_id"] = np.concatenate([self.env_ids[u] for u in batch])
         self.recvd.append(batch)
-        leaves = [
-            tuple(v for part in parts for v in part[0][n])
-            if isinstance(parts[0][0][n], tuple)
-            else np.concatenate([part[0][n] for part in parts])
-            for n in range(len(parts[0][0]))
-        ]
-        obs = build_nested(eng.single_observation_space, leaves)[0]
-        rewards, terminated, truncated = (np.concatenate([part[i] for part in parts]) for i in (1, 2, 3))
-        return obs, rewards, terminated, truncated, infos
+        return (*_joined([got[:4] for _, got in taken], eng.single_observation_space), infos)
 
     def _same_step(self, terminated, truncated) -> bool:
         return self.door.autoreset_mode == AutoresetMode.SAME_STEP and bool((terminated | truncated).any())
@@ -371,6 +356,19 @@ def _timed_out(timeout) -> multiprocessing.TimeoutError:
         f"The call to `recv` has timed out after {timeout} second(s) (still in "
         "flight: call `recv` again to get its results)."
     )
+
+
+def _joined(parts, space) -> tuple:
+    """Several units' ``(obs leaves, rewards, terminated, truncated)`` as one batch's
+    ``(obs, rewards, terminated, truncated)``, their rows in the order given."""
+    leaves = [
+        tuple(v for part in parts for v in part[0][n])
+        if isinstance(parts[0][0][n], tuple)
+        else np.concatenate([part[0][n] for part in parts])
+        for n in range(len(parts[0][0]))
+    ]
+    obs = build_nested(space, leaves)[0]
+    return (obs, *(np.concatenate([part[i] for part in parts]) for i in (1, 2, 3)))
 
 
 def _rows(buf, slot: int, a: int, b: int, copy: bool):

@@ -2,93 +2,39 @@
 
 Same results as ``gymnasium.vector.SyncVectorEnv`` (5-tuple steps, NEXT_STEP, SAME_STEP
 and DISABLED autoreset, infos merged with ``_key`` masks), with the envs stepping in
-worker processes over shared memory. This module turns the engine's ``StepResult``
-into gymnasium's infos: from the shared info table in one compiled pass
-(``_gym_infos``) on the common step, from columns or records otherwise.
+worker processes over shared memory. The class is put together here from its rooms:
+``gymnasium_arguments`` (the arguments, checked before any process starts),
+``gymnasium_steps`` (``reset`` and ``step``, gymnasium's infos), ``gymnasium_calls``
+(calls in flight, calls to the envs) and ``batches`` (EnvPool's ``send``/``recv``).
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import warnings
 from collections.abc import Callable, Sequence
-from types import EllipsisType
 from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from .._core.infos import StepResult, with_quiet_ends
-from ..errors import NoPendingCallError, PendingCallError
 from ..options import EngineOptions
-from . import _gym_infos
-from .base import EngineDoor
-from .batches import Batches, check_batch_size
+from .batches import Batches
+from .gymnasium_arguments import (
+    ENGINE_AUTORESET,
+    ProcessPlan,
+    autoreset_mode_of,
+    check_gymnasium_keywords,
+    observation_spaces,
+    plan_processes,
+)
+from .gymnasium_calls import EnvCalls
+from .gymnasium_steps import StepsAndResets
 from .threads import TorchThreads
-from .vector_infos import VectorInfos, columns_to_vector_infos
-
-_MODES = {
-    AutoresetMode.NEXT_STEP: "next_step",
-    AutoresetMode.SAME_STEP: "same_step",
-    AutoresetMode.DISABLED: "disabled",
-}
+from .vector_infos import VectorInfos
 
 
-def _check_seed(seed, where: str):
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"{where} must be a non-negative int or None, got {seed!r}")
-    return int(seed)
-
-
-def _check_observation_mode(mode):
-    """gymnasium's ``observation_mode``: "same", "different" or (batched, single) spaces."""
-    from gymnasium.spaces import Space
-
-    if isinstance(mode, tuple):
-        if len(mode) != 2 or not all(isinstance(s, Space) for s in mode):
-            raise ValueError(
-                "observation_mode as a tuple must be (batched observation space, single "
-                f"observation space), got {mode!r}"
-            )
-        return mode
-    if mode not in ("same", "different"):
-        raise ValueError(
-            "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and "
-            f"batch observation space, actual got {mode}"
-        )
-    return None
-
-
-def _observation_spaces(mode, given, eng):
-    """(batched, single) observation spaces for ``observation_mode``."""
-    from .._core.segment import layout_of
-
-    if given is not None:
-        batched, single = given
-        env0 = eng.single_observation_space
-        if layout_of(single) is None or layout_of(single) != layout_of(env0):
-            raise ValueError(
-                f"observation_mode's single space {single} does not have the layout of the "
-                f"envs' observation space {env0} (leaves, shapes, dtypes)"
-            )
-        return batched, single
-    single = eng.single_observation_space
-    if mode == "different":
-        from gymnasium.vector.utils import batch_differing_spaces
-
-        per_env = getattr(eng, "env_observation_spaces", None)
-        if per_env is None:
-            raise ValueError(
-                f"observation_mode='different' is not available on {type(eng).__name__}; pass the spaces as a tuple"
-            )
-        return batch_differing_spaces(per_env), single
-    return batch_space(single, eng.num_envs), single
-
-
-class AsyncVectorEnv(EngineDoor, VectorEnv):
+class AsyncVectorEnv(StepsAndResets, EnvCalls, VectorEnv):
     """Shared-memory multiprocess ``gymnasium.vector.VectorEnv``.
 
     Parameters
@@ -223,71 +169,25 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         env_costs: Sequence[float] | None = None,
     ):
         self.closed = True
-        # gymnasium's keywords, checked before any process starts
-        if not isinstance(shared_memory, bool):
-            raise ValueError(f"shared_memory must be True or False, got {shared_memory!r}")
-        if worker is not None:
-            raise ValueError(
-                "fastvec.AsyncVectorEnv cannot run a custom `worker` function: its workers speak "
-                "fastvec's shared-memory protocol; pass worker=None (wrap the env instead)"
-            )
-        obs_spaces = _check_observation_mode(observation_mode)
-        auto = isinstance(num_workers, str)
-        if auto and num_workers != "auto":
-            raise ValueError(f"num_workers must be a positive int, None or 'auto', got {num_workers!r}")
-        if auto and max_concurrency is not None:
-            raise ValueError("num_workers='auto' and max_concurrency both set the process count: give one")
-        workers = None if isinstance(num_workers, str) else num_workers  # "auto": resolved below
-        if max_concurrency is not None:
-            if (
-                isinstance(max_concurrency, bool)
-                or not isinstance(max_concurrency, (int, np.integer))
-                or max_concurrency < 1
-            ):
-                raise ValueError(f"max_concurrency must be a positive int or None, got {max_concurrency!r}")
-            if workers is None:
-                from ..options import available_cores
-
-                workers = max(1, min(len(env_fns), available_cores(), int(max_concurrency)))
-            elif workers > max_concurrency:
-                raise ValueError(f"num_workers={workers} exceeds max_concurrency={max_concurrency}")
-        batch = None
-        if batch_size is not None or batch_mode != "groups":
-            from ..engine import batch_workers
-            from ..options import available_cores, check_env_fns
-
-            env_fns = check_env_fns(env_fns)
-            batch = check_batch_size(len(env_fns) if batch_size is None else batch_size, len(env_fns), batch_mode)
-        if auto:  # time the candidate layouts on these envs (fastvec.tune)
-            from ..worker_layouts import resolve_auto
-
-            layout = resolve_auto(
-                AsyncVectorEnv,
-                env_fns,
-                placement,
-                env_costs,
-                batch,
-                batch_mode,
-                context=context,
-                observation_mode=observation_mode,
-            )
-            workers, placement = layout.num_workers, layout.placement
-        if batch is not None:
-            workers = batch_workers(workers, len(env_fns), batch, available_cores(), batch_mode)
-        self.shared_memory = shared_memory
-        self.daemon = daemon
-        self.observation_mode = observation_mode
+        obs_spaces = check_gymnasium_keywords(shared_memory, worker, observation_mode)
+        plan = plan_processes(
+            AsyncVectorEnv,
+            env_fns,
+            num_workers=num_workers,
+            max_concurrency=max_concurrency,
+            batch_size=batch_size,
+            batch_mode=batch_mode,
+            placement=placement,
+            env_costs=env_costs,
+            context=context,
+            observation_mode=observation_mode,
+        )
+        self.shared_memory, self.daemon, self.observation_mode = shared_memory, daemon, observation_mode
         torch = TorchThreads(torch_threads)
-        try:
-            mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
-        except ValueError:
-            raise ValueError(
-                f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {autoreset_mode!r}"
-            ) from None
-        self.autoreset_mode = mode
+        self.autoreset_mode = autoreset_mode_of(autoreset_mode)
         options = EngineOptions(
             num_slots=num_slots,
-            autoreset_mode=_MODES[mode],
+            autoreset_mode=ENGINE_AUTORESET[self.autoreset_mode],
             context=context,
             step_timeout=step_timeout,
             restart_on_error=restart_on_error,
@@ -298,24 +198,30 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
             action_check=action_check,
             pickled_leaves=True,
         )
-        engine = self._make_engine(env_fns, options, workers, placement, env_costs)
-        self._open_door(engine, copy, torch)
-        self._vector_infos = VectorInfos(engine, engine.num_envs)
-        eng = engine
-        self.env_fns = env_fns
+        self._open_envs(plan, options, copy, torch, obs_spaces)
+
+    def _open_envs(
+        self, plan: ProcessPlan, options: EngineOptions, copy: bool, torch: TorchThreads, obs_spaces
+    ) -> None:
+        """Start the engine, then take gymnasium's attributes from its envs (spaces,
+        metadata) and set up the batches; a failure there closes the engine again."""
+        eng = self._make_engine(plan.env_fns, options, plan.num_workers, plan.placement, plan.env_costs)
+        self._open_door(eng, copy, torch)
+        self._vector_infos = VectorInfos(eng, eng.num_envs)
+        self.env_fns = plan.env_fns
         self.num_envs = eng.num_envs
         self.metadata = dict(eng.env_metadata)
-        self.metadata["autoreset_mode"] = mode
+        self.metadata["autoreset_mode"] = self.autoreset_mode
         self.render_mode = eng.render_mode
         self.spec = None
         self.single_action_space = eng.single_action_space
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         try:
-            self.observation_space, self.single_observation_space = _observation_spaces(
-                observation_mode, obs_spaces, eng
+            self.observation_space, self.single_observation_space = observation_spaces(
+                self.observation_mode, obs_spaces, eng
             )
-            self._batches = Batches(self, eng.num_envs if batch is None else batch, batch_mode)
-            self.batch_size, self.batch_mode = self._batches.size, batch_mode
+            self._batches = Batches(self, eng.num_envs if plan.batch is None else plan.batch, plan.batch_mode)
+            self.batch_size, self.batch_mode = self._batches.size, plan.batch_mode
         except BaseException:
             self._close_door()
             raise
@@ -331,11 +237,6 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
     @property  # type: ignore[misc]
     def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
         return self.get_attr("np_random")
-
-    # -------------------------------------------------------------- reset / step
-    def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
-        self.reset_async(seed=seed, options=options)
-        return self.reset_wait()
 
     # -------------------------------------------------------------- batches (EnvPool's API)
     def async_reset(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
@@ -357,204 +258,7 @@ class AsyncVectorEnv(EngineDoor, VectorEnv):
         ``multiprocessing.TimeoutError`` if it is not done by then, the step still in flight."""
         return self._batches.recv(timeout)
 
-    def reset_async(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
-        """Send the resets (arguments as ``reset``); ``reset_wait`` returns their results."""
-        self._idle("reset_async")
-        n = self.num_envs
-        if seed is None:
-            seeds = [None] * n
-        elif isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-            first = _check_seed(seed, "seed")
-            seeds = [first + i for i in range(n)]
-        elif isinstance(seed, (list, tuple)):
-            if len(seed) != n:
-                raise ValueError(
-                    f"If seeds are passed as a list the length must match num_envs={n} but got length={len(seed)}."
-                )
-            seeds = [_check_seed(s, f"seed[{i}]") for i, s in enumerate(seed)]
-        else:
-            raise ValueError(f"seed must be None, an int or a list of {n} ints, got {seed!r}")
-        if options is not None and not isinstance(options, dict):
-            raise ValueError(f"options must be a dict or None, got {type(options).__name__}")
-
-        mask = None
-        if options is not None and "reset_mask" in options:
-            options = dict(options)  # unlike gymnasium, leave the caller's dict intact
-            mask = options.pop("reset_mask")
-            if not isinstance(mask, np.ndarray):
-                raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
-            if mask.shape != (n,):
-                raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
-            if mask.dtype != np.bool_:
-                raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
-            if not mask.any():
-                raise ValueError(
-                    f"`options['reset_mask']` must contain a boolean array with at least one True value, got reset_mask={mask}"
-                )
-        targets = range(n) if mask is None else np.flatnonzero(mask).tolist()
-        slot = self._free_slot()
-        if mask is not None and self._batches.active:
-            raise ValueError(
-                "a masked reset needs lock-step observations: after async_reset, reset() every env "
-                "(no reset_mask) first"
-            )
-        if mask is not None and slot != self._slot:
-            # Envs left alone keep their current observation in the new slot.
-            keep = ~mask
-            for buf in self._engine.obs_bufs:
-                buf[slot, keep] = buf[self._slot, keep]
-        self._engine.reset_async(slot, {i: {"seed": seeds[i], "options": options} for i in targets})
-        self._pending = ("reset", slot, targets)
-
-    def reset_wait(self, timeout: float | None = None):
-        """The observations and infos of the resets ``reset_async`` sent. With
-        ``timeout`` (seconds): ``multiprocessing.TimeoutError`` if they are not all done
-        by then; the resets stay in flight (call ``reset_wait`` again)."""
-        _, slot, targets = self._take("reset", timeout)
-        env_infos = self._engine.reset_wait()
-        self._slot = slot
-        self._batches.active = False  # back to lock-step
-        infos: dict[str, Any] = {}
-        for i in targets:
-            infos = self._vector_infos.add(infos, env_infos[i], i)
-        return self._observation(slot), infos
-
-    def step_async(self, actions) -> None:
-        self._no_pending("step_async")
-        self._lockstep("step_async")
-        self._send_step(actions)
-
-    def step_wait(self, timeout: float | None | EllipsisType = ...):
-        """The results of the step ``step_async`` sent. With ``timeout`` (seconds, as
-        gymnasium's): ``multiprocessing.TimeoutError`` if it is not done by then; the
-        step stays in flight (call ``step_wait`` again)."""
-        if timeout is not ... and timeout is not None and self.waiting:
-            self._check_open()
-            self._poll_or_raise("step_wait", timeout)
-            timeout = ...
-        elif timeout is None:
-            timeout = ...  # gymnasium's None: no timeout of its own (step_timeout still applies)
-        return self._step_result(self._receive_step(timeout))
-
-    def step(self, actions):
-        self._no_pending("step")
-        self._lockstep("step")
-        return self._step_result(self._step(actions))
-
-    def _lockstep(self, what: str) -> None:
-        if self._batches.active:
-            self._batches.check_lockstep(what)
-            raise RuntimeError(
-                f"Calling `{what}` in batch mode (since `async_reset`): the envs' observations "
-                "are a batch's each; call `reset()` to step every env in lock-step again"
-            )
-
-    # -------------------------------------------------------------- calls in flight
-    _pending: tuple | None = None  # ("reset", slot, targets) or ("call",) sent, not waited for
-
-    def _no_pending(self, what: str) -> None:
-        if self._pending is not None:
-            raise PendingCallError(
-                f"Calling `{what}` while waiting for a pending call to `{self._pending[0]}` to complete.",
-                self._pending[0],
-            )
-
-    def _idle(self, what: str = "this") -> None:
-        """Before a command: open, and (as gymnasium) no call in flight."""
-        self._check_open()
-        self._no_pending(what)
-        if self.waiting:
-            raise PendingCallError(f"Calling `{what}` while waiting for a pending call to `step` to complete.", "step")
-        self._batches.check_lockstep(what)
-        self._torch.apply()  # torch may have been imported since the door opened
-
-    def _take(self, what: str, timeout) -> tuple:
-        self._check_open()
-        if self._pending is None or self._pending[0] != what:
-            raise NoPendingCallError(f"Calling `{what}_wait` without any prior call to `{what}_async`.", what)
-        if timeout is not None:
-            self._poll_or_raise(f"{what}_wait", timeout)
-        pending, self._pending = self._pending, None
-        return pending
-
-    def _poll_or_raise(self, what: str, timeout) -> None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-            raise ValueError(f"timeout must be a non-negative number of seconds or None, got {timeout!r}")
-        if not self._engine.poll(float(timeout)):
-            raise multiprocessing.TimeoutError(
-                f"The call to `{what}` has timed out after {timeout} second(s) (still in flight: "
-                f"call `{what}` again to get its results)."
-            )
-
-    def _step_result(self, result: StepResult):
-        eng = self._engine
-        slot = result.slot
-        same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
-        if same_step and (ended := eng.terminated[slot] | eng.truncated[slot]).any():
-            # Envs that ended with empty infos sent no record: their final_obs and
-            # (empty) final_info still belong in the infos, in env order.
-            infos = self._vector_infos.merge(with_quiet_ends(result.as_records(), ended), slot, True)
-        elif result.table is None and result.columns is None and not result.records:
-            infos = {}  # no env reported anything (CartPole): the commonest step of all
-        else:
-            infos = self._infos(result, same_step)
-        return (
-            self._observation(slot),
-            eng.rewards[slot].copy(),
-            eng.terminated[slot].copy(),
-            eng.truncated[slot].copy(),
-            infos,
-        )
-
-    def _infos(self, result: StepResult, same_step: bool) -> dict[str, Any]:
-        """gymnasium's infos of a step: from the info table in one compiled pass when
-        every env set every key, else from columns or records."""
-        if result.table is not None:
-            info_i, info_f, mask, schema = result.table
-            infos = _gym_infos.table_vector_infos(
-                info_i, info_f, mask, result.slot, self._vector_infos.table_cols(schema)
-            )
-            if infos is not None:
-                return infos
-        columns, records = result.general()
-        if columns is not None:
-            return columns_to_vector_infos(columns, self.num_envs)
-        return self._vector_infos.merge(records, result.slot, same_step)
-
-    # -------------------------------------------------------------- env access
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        self.call_async(name, *args, **kwargs)
-        return self.call_wait()
-
-    def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
-        """Send ``call(name, *args, **kwargs)`` to every env; ``call_wait`` returns the results."""
-        self._idle("call_async")
-        self._engine.call_async("call", name, args, kwargs)
-        self._pending = ("call",)
-
-    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
-        """The results of ``call_async``, env by env; ``timeout`` as ``reset_wait``'s."""
-        self._take("call", timeout)
-        return tuple(self._engine.call_wait())
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        return self.call(name)
-
-    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
-        self._idle("set_attr")
-        if not isinstance(values, (list, tuple)):
-            values = [values for _ in range(self.num_envs)]
-        if len(values) != self.num_envs:
-            raise ValueError(
-                "Values must be a list or tuple with length equal to the number of environments. "
-                f"Got `{len(values)}` values for {self.num_envs} environments."
-            )
-        self._engine.call("set_wrapper_attr", name, values=list(values))
-
-    def render(self) -> tuple | None:
-        self._idle("render")
-        return tuple(self._engine.call("render", None))
-
+    # -------------------------------------------------------------- closing
     def close_extras(self, **kwargs: Any) -> None:
         pending = self._pending[0] if self._pending is not None else ("step" if self.waiting else None)
         if pending is None and getattr(self, "_batches", None) is not None and self._batches.in_flight():

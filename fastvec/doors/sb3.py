@@ -21,7 +21,7 @@ from .._core.infos import StepResult
 from .._core.segment import build_nested, get_path, leaves_of
 from ..options import EngineOptions
 from . import _sb3_infos
-from .base import EngineDoor
+from .base import EngineDoor, check_num_workers, check_seed
 from .threads import TorchThreads
 
 if TYPE_CHECKING:  # checked as what it is wherever SB3 is installed
@@ -106,14 +106,13 @@ class SubprocVecEnv(EngineDoor, _Base):
         self.closed = True
         torch = TorchThreads(torch_threads)  # checked before any process starts
         self.waiting = False
-        if isinstance(num_workers, str):  # "auto": time the candidate layouts (fastvec.worker_layouts)
-            if num_workers != "auto":
-                raise ValueError(f"num_workers must be a positive int, None or 'auto', got {num_workers!r}")
+        auto, workers = check_num_workers(num_workers)
+        if auto:  # time the candidate layouts (fastvec.worker_layouts)
             from ..worker_layouts import resolve_auto
             from .gymnasium import AsyncVectorEnv  # times the layouts: the engine is the same
 
             layout = resolve_auto(AsyncVectorEnv, env_fns, placement, env_costs, context=start_method)
-            num_workers, placement = layout.num_workers, layout.placement
+            workers, placement = layout.num_workers, layout.placement
         options = EngineOptions(
             num_slots=num_slots,
             autoreset_mode="same_step",
@@ -123,7 +122,7 @@ class SubprocVecEnv(EngineDoor, _Base):
             spin_us=spin_us,
             main_spin_us=main_spin_us,
         )
-        engine = self._make_engine(env_fns, options, num_workers, placement, env_costs)
+        engine = self._make_engine(env_fns, options, workers, placement, env_costs)
         self._open_door(engine, copy, torch)
         # The compiled builder's column spec (_cols), made once per info-table schema (_cols_for).
         self._cols_for: list | None = None
@@ -224,9 +223,8 @@ class SubprocVecEnv(EngineDoor, _Base):
     def seed(self, seed: int | None = None) -> Sequence[int | None]:
         if seed is None:
             seed = int(np.random.randint(0, np.iinfo(np.uint32).max, dtype=np.uint32))
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
-        self._seeds = [int(seed) + idx for idx in range(self.num_envs)]
+        first = check_seed(seed, "seed")
+        self._seeds = [first + idx for idx in range(self.num_envs)]
         return self._seeds
 
     def set_options(self, options: list[dict] | dict | None = None) -> None:

@@ -20,6 +20,7 @@ __all__ = [
     "flag_input",
     "real",
     "coef",
+    "clip",
     "overlaps",
     "outputs",
     "finish",
@@ -130,6 +131,14 @@ def coef(x, name):
     x = real(x, name, "a real number in [0, 1]")
     if not (0.0 <= x <= 1.0):  # also False for NaN
         raise ValueError(f"{name} must be a finite number in [0, 1], got {x!r}")
+    return x
+
+
+def clip(x, name):
+    """rho_bar / c_bar / pg_rho_bar: a positive number, ``inf`` allowed."""
+    x = real(x, name, "a positive number (inf allowed)")
+    if not x > 0.0:  # also True for NaN
+        raise ValueError(f"{name} must be a positive number (inf allowed), got {x!r}")
     return x
 
 

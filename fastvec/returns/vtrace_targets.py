@@ -11,19 +11,31 @@ conventions (dtypes, flags, layouts, ``out=``) are GAE's.
 from __future__ import annotations
 
 from .._gae import vtrace_kernel
-from .kernel_arrays import coef, finish, flag_input, float_input, outputs, real, values_dtype
+from .kernel_arrays import clip, coef, finish, flag_input, float_input, outputs, values_dtype
 
 __all__ = ["vtrace"]
 
 _ADVANTAGES = ("vtrace", "gae")
 
 
-def _clip(x, name):
-    """rho_bar / c_bar / pg_rho_bar: a positive number, ``inf`` allowed."""
-    x = real(x, name, "a positive number (inf allowed)")
-    if not x > 0.0:  # also True for NaN
-        raise ValueError(f"{name} must be a positive number (inf allowed), got {x!r}")
-    return x
+def _scalars(gamma, lam, rho_bar, c_bar, pg_rho_bar, advantages):
+    """``vtrace``'s numbers and its ``advantages`` choice, checked (ValueError naming
+    the argument): ``(gamma, lam, rho_bar, c_bar, pg_rho_bar)``, ``pg_rho_bar``
+    defaulting to ``rho_bar`` and refused with ``advantages="gae"``, which has no use
+    for it."""
+    gamma = coef(gamma, "gamma")
+    lam = coef(lam, "lam")
+    rho_bar = clip(rho_bar, "rho_bar")
+    c_bar = clip(c_bar, "c_bar")
+    if not isinstance(advantages, str) or advantages not in _ADVANTAGES:
+        raise ValueError(f"advantages must be 'vtrace' or 'gae', got {advantages!r}")
+    if pg_rho_bar is None:
+        pg_rho_bar = rho_bar
+    elif advantages == "gae":
+        raise ValueError("pg_rho_bar only applies to advantages='vtrace' (the 'gae' advantages use rho_bar)")
+    else:
+        pg_rho_bar = clip(pg_rho_bar, "pg_rho_bar")
+    return gamma, lam, rho_bar, c_bar, pg_rho_bar
 
 
 def vtrace(
@@ -152,18 +164,7 @@ def vtrace(
     terminated = flag_input(terminated, "terminated", shape)
     truncated = flag_input(truncated, "truncated", shape)
     log_rhos = float_input(log_rhos, "log_rhos", dt, shape)
-    gamma = coef(gamma, "gamma")
-    lam = coef(lam, "lam")
-    rho_bar = _clip(rho_bar, "rho_bar")
-    c_bar = _clip(c_bar, "c_bar")
-    if not isinstance(advantages, str) or advantages not in _ADVANTAGES:
-        raise ValueError(f"advantages must be 'vtrace' or 'gae', got {advantages!r}")
-    if pg_rho_bar is None:
-        pg_rho_bar = rho_bar
-    elif advantages == "gae":
-        raise ValueError("pg_rho_bar only applies to advantages='vtrace' (the 'gae' advantages use rho_bar)")
-    else:
-        pg_rho_bar = _clip(pg_rho_bar, "pg_rho_bar")
+    gamma, lam, rho_bar, c_bar, pg_rho_bar = _scalars(gamma, lam, rho_bar, c_bar, pg_rho_bar, advantages)
     adv, ret, adv_k, ret_k = outputs(
         out,
         dt,
