@@ -42,13 +42,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from harness import loops  # noqa: E402
+from harness.common import write_results  # noqa: E402
+from harness.processes import child_env  # noqa: E402
 
 WORKLOADS = ("cartpole16", "cartpole64", "halfcheetah16", "pong8", "largeobs8")
 
 
 def _run(cmd, build: str, timeout: float) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(build))
     # cwd outside both trees: nothing there shadows the build on the path
+    env = child_env(build)
     return subprocess.run(cmd, env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -246,11 +248,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     rows = measure(args)
     table, lines = summarize(args, rows, time.time() - t0)
-    with open(os.path.join(args.out, "ab.json"), "w") as f:
-        json.dump({"argv": sys.argv, "rounds": args.rounds, "rows": table}, f, indent=1)
-    with open(os.path.join(args.out, "ab.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    data = {"argv": sys.argv, "rounds": args.rounds, "rows": table}
+    write_results(args.out, "\n".join(lines) + "\n", data, stem="ab")
     return 0
 
 

@@ -11,14 +11,15 @@ with the build.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from harness.processes import child_env, child_json  # noqa: E402
 
 CHILD = """
 import json, sys, time
@@ -56,19 +57,9 @@ print(json.dumps({{"fastvec": fastvec.__file__, "median_us": float(np.median(ts)
 
 
 def step_time(build: str, door: str, steps: int, workload: str = "pong8") -> float:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(build))
-    code = CHILD.format(here=HERE)
-    proc = subprocess.run(
-        [sys.executable, "-c", code, door, str(steps), workload],
-        env=env,
-        cwd=tempfile.gettempdir(),  # outside both trees
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{build} {door}: {proc.stderr[-2000:]}")
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    cmd = [sys.executable, "-c", CHILD.format(here=HERE), door, str(steps), workload]
+    # cwd outside both trees: nothing there shadows the build on the path
+    res = child_json(cmd, f"{build} {door}", 600, cwd=tempfile.gettempdir(), env=child_env(build))
     if not res["fastvec"].startswith(os.path.join(os.path.abspath(build), "")):
         raise RuntimeError(f"measured {res['fastvec']}, not {build}")
     return res["median_us"]

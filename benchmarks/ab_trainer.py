@@ -28,52 +28,54 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from harness.common import cpu_model
+from harness.cli_runs import FASTVEC, run_train, train_command
+from harness.common import cpu_model, write_results
+from harness.processes import child_env, child_json
 
-CLI = "import sys; from fastvec.cli import main; sys.exit(main())"
 BENCH = (
     "import json, statistics, sys; from fastvec.bench import build_parser, run; "
     "a = build_parser().parse_args([sys.argv[1]]); "
     "r = run(a.env_id, a.num_envs, a.steps, a.num_workers, a.repeats, a.seed); "
     "print(json.dumps({'ratio': statistics.median(r['ratios'])}))"
 )
-QUIET = ["--no-progress", "--no-tensorboard", "--checkpoint-every", "0"]
 
 
-def items(cartpole_seeds: int, cheetah_seeds: int, bench_runs: int) -> list[tuple[str, list[str]]]:
-    """``(figure, argv after python)`` for each measurement."""
+def items(cartpole_seeds: int, cheetah_seeds: int, bench_runs: int) -> list[tuple[str, dict]]:
+    """``(figure, how to run it)`` for each measurement: ``run_train``'s arguments, or
+    ``{"bench": env_id}`` for ``fastvec bench``."""
     out = []
     for s in range(1, cartpole_seeds + 1):
-        argv = ["train", "CartPole-v1", "--seed", str(s), "--stop-at-return", "475", *QUIET]
-        out.append(("CartPole-v1 to 475", ["-c", CLI, *argv]))
+        out.append(
+            ("CartPole-v1 to 475", {"env_id": "CartPole-v1", "seed": s, "extra_args": ["--stop-at-return", "475"]})
+        )
     for s in range(1, cheetah_seeds + 1):
-        for name, extra in (("lock-step", []), ("async", ["--set", "pipeline=async"])):
-            argv = ["train", "HalfCheetah-v5", "--total-steps", "300000", "--seed", str(s), *extra, *QUIET]
-            out.append((f"HalfCheetah-v5 300k {name}", ["-c", CLI, *argv]))
+        for name, sets in (("lock-step", []), ("async", ["pipeline=async"])):
+            train = {"env_id": "HalfCheetah-v5", "seed": s, "total_steps": 300_000, "sets": sets}
+            out.append((f"HalfCheetah-v5 300k {name}", train))
     for _ in range(bench_runs):
         for env in ("CartPole-v1", "HalfCheetah-v5"):
-            out.append((f"fastvec bench {env} 16 envs", ["-c", BENCH, env]))
+            out.append((f"fastvec bench {env} 16 envs", {"bench": env}))
     return out
 
 
-def run_one(build: str, argv: list[str], timeout: float) -> dict:
-    """The last JSON line a fresh process of ``build`` prints."""
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(build))
-    with tempfile.TemporaryDirectory() as work:
-        if argv[2:3] == ["train"]:
-            argv = [*argv, "--logdir", work]
-        proc = subprocess.run(
-            [sys.executable, *argv], env=env, cwd=work, capture_output=True, text=True, timeout=timeout
-        )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{argv[2:]} failed on {build} (exit {proc.returncode}): {proc.stderr[-1500:]}")
-    return json.loads(lines[-1])
+def command_line(item: dict) -> list[str]:
+    """The ``fastvec`` command line an item stands for."""
+    if "bench" in item:
+        return ["bench", item["bench"]]
+    return train_command(**item, checkpoint_every=0)[len(FASTVEC) :]
+
+
+def run_one(build: str, item: dict, timeout: float) -> dict:
+    """One item in a fresh process importing the build at ``build``: its result JSON."""
+    if "bench" not in item:
+        return run_train(**item, checkpoint_every=0, pythonpath=build, timeout=timeout)
+    with tempfile.TemporaryDirectory() as cwd:  # outside both trees
+        cmd = [sys.executable, "-c", BENCH, item["bench"]]
+        return child_json(cmd, f"fastvec bench on {build}", timeout, cwd=cwd, env=child_env(build))
 
 
 def figures(figure: str, res: dict) -> dict:
@@ -127,18 +129,17 @@ def main(argv=None) -> int:
     builds = {"before": args.before, "after": args.after}
     t0 = time.perf_counter()
     rows, seen = [], {}
-    for figure, cmd in items(args.cartpole_seeds, args.cheetah_seeds, args.bench_runs):
+    for figure, item in items(args.cartpole_seeds, args.cheetah_seeds, args.bench_runs):
         # the order alternates within each figure: whichever build runs first, each
         # figure's items see both orders (a figure whose items all ran one order would
         # carry the position's effect, about 5% here, as if it were the build's)
         i = seen[figure] = seen.get(figure, -1) + 1
-        row: dict = {"figure": figure, "argv": cmd[2:], "first": "before" if i % 2 == 0 else "after"}
+        row: dict = {"figure": figure, "argv": command_line(item), "first": "before" if i % 2 == 0 else "after"}
         for name in ("before", "after") if i % 2 == 0 else ("after", "before"):
-            row[name] = figures(figure, run_one(builds[name], cmd, args.timeout))
+            row[name] = figures(figure, run_one(builds[name], item, args.timeout))
         print(json.dumps(row), flush=True)
         rows.append(row)
     wall = time.perf_counter() - t0
-    os.makedirs(args.out, exist_ok=True)
     meta = {
         "before": os.path.abspath(args.before),
         "after": os.path.abspath(args.after),
@@ -146,8 +147,6 @@ def main(argv=None) -> int:
         "wall_s": round(wall, 1),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    with open(os.path.join(args.out, "ab_trainer.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
     lines = [
         f"# The trainer before/after, interleaved ({len(rows)} items, {wall:.0f} s)",
         "",
@@ -159,9 +158,7 @@ def main(argv=None) -> int:
         "",
         *table(rows),
     ]
-    with open(os.path.join(args.out, "ab_trainer.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, "\n".join(lines) + "\n", {"meta": meta, "rows": rows}, stem="ab_trainer")
     return 0
 
 

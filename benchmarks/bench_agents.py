@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -35,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness.common import Parser, machine, span, write_results  # noqa: E402
+from harness.processes import child_json  # noqa: E402
 
 CANDIDATES = ("fastvec_gym", "fastvec_sb3", "supersuit", "serial")
 COPIES, AGENTS, ACTIONS = 16, 3, 5
@@ -111,10 +111,7 @@ def run_child(name: str, args) -> dict:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (args.supersuit_path, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name]
     cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return child_json(cmd, name, 600, env=env)
 
 
 def agent_versions(supersuit_path: str | None) -> dict:

@@ -24,16 +24,15 @@ with itself (-0.5 a step, fixed in PettingZoo 1.22.4): -21.2 and -20.85 in v3's 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness.common import Parser, machine, span, write_results  # noqa: E402
+from harness.cli_runs import return_rows, run_train  # noqa: E402
+from harness.common import Parser, machine, rotated, span, write_results  # noqa: E402
 
 ENV = "pettingzoo:mpe2.simple_spread_v3"
 PUBLISHED = {"source": "MARLlib IPPO, shared GRU policy (simple_spread_v2 + 12.5)", "1M": -21.2, "20M": -20.85}
@@ -64,14 +63,8 @@ def train_seed(seed: int, steps: int, extra: list[str]) -> dict:
     """One seed's run in a fresh process (``extra``: the candidate's flags): its result and its curve."""
     with tempfile.TemporaryDirectory() as tmp:
         run = os.path.join(tmp, "run")
-        cmd = [sys.executable, "-m", "fastvec", "train", ENV, "--total-steps", str(steps), "--seed", str(seed)]
-        cmd += ["--logdir", run, "--no-progress", "--no-tensorboard", *extra]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        with open(os.path.join(run, "result.json")) as f:
-            result = json.load(f)
-        with open(os.path.join(run, "metrics.jsonl")) as f:
-            rows = [json.loads(line) for line in f]
-    curve = [(r["env_steps"], r["charts/mean_return"]) for r in rows if r.get("charts/mean_return") is not None]
+        result = run_train(ENV, seed, total_steps=steps, extra_args=extra, logdir=run)
+        curve = [(r["env_steps"], r["charts/mean_return"]) for r in return_rows(run)]
     return {"seed": seed, "result": result, "curve": curve}
 
 
@@ -133,8 +126,7 @@ def main(argv=None) -> int:
     names = args.candidates
     res["runs"] = {name: [] for name in names}
     for seed in range(1, args.seeds + 1):
-        k = (seed - 1) % len(names)
-        for name in names[k:] + names[:k]:
+        for name in rotated(names, seed - 1):
             run = train_seed(seed, args.steps, CANDIDATES[name])
             res["runs"][name].append(run)
             print(f"seed {seed} {name}: {run['result']['final_mean_return']:.2f}", file=sys.stderr)

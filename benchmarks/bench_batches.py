@@ -34,22 +34,12 @@ import warnings
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness.common import child_json  # noqa: E402
+from harness.processes import child_json  # noqa: E402
 
 WORKLOADS = {
     "pong": {"envs": 16, "sync_envs": 8, "steps": 3000},
     "halfcheetah": {"envs": 32, "sync_envs": 32, "steps": 20000},
 }
-
-
-def _make(workload):
-    if workload == "pong":
-        from harness.envs import make_pong
-
-        return make_pong
-    import gymnasium as gym
-
-    return lambda: gym.make("HalfCheetah-v5")
 
 
 def _policy(kind, obs_space, act_space):
@@ -104,7 +94,9 @@ def run_one(workload, candidate, policy, steps):
     import fastvec
 
     cfg = WORKLOADS[workload]
-    fn = _make(workload)
+    from harness.envs import workload_envs
+
+    fn = workload_envs(workload)
     if candidate == "sync":
         env = SyncVectorEnv([fn] * cfg["sync_envs"])
     elif candidate == "lockstep":

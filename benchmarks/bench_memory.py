@@ -20,7 +20,6 @@ construction and training (torch warmed up before the clock starts, one thread, 
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -28,7 +27,7 @@ import sys
 import time
 
 from bench_train import SB3_CARTPOLE, run_child
-from harness.common import Parser, cpu_model
+from harness.common import Parser, cpu_model, rotated, span, write_results
 
 CANDIDATES = {
     "fastvec LSTM": lambda seed, steps: {
@@ -59,13 +58,6 @@ CANDIDATES = {
 ENV = "CartPoleNoVel-v1"
 
 
-def span(xs, fmt="{:,.1f}"):
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "n/a"
-    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
-
-
 def report(runs: dict, args, wall: float) -> str:
     lines = [
         f"# Memory: {ENV} ({wall / 60:.0f} min)",
@@ -82,9 +74,9 @@ def report(runs: dict, args, wall: float) -> str:
     for name, rs in runs.items():
         ok = [r for r in rs if r.get("solved")]
         lines.append(
-            f"| {name} | {len(ok)} of {len(rs)} | {span([r['wall_seconds'] for r in ok])} | "
+            f"| {name} | {len(ok)} of {len(rs)} | {span([r['wall_seconds'] for r in ok], '{:,.1f}')} | "
             f"{span([r['env_steps'] for r in ok], '{:,.0f}')} | {span([r.get('sps') for r in rs], '{:,.0f}')} | "
-            f"{span([r.get('final_mean_return') for r in rs])} |"
+            f"{span([r.get('final_mean_return') for r in rs], '{:,.1f}')} |"
         )
     f = [r["wall_seconds"] for r in runs["fastvec LSTM"] if r.get("solved")]
     s = [r["wall_seconds"] for r in runs["sb3-contrib RecurrentPPO"] if r.get("solved")]
@@ -107,7 +99,7 @@ def main(argv=None) -> int:
     names = list(CANDIDATES)
     runs: dict[str, list] = {n: [] for n in names}
     for i, seed in enumerate(args.seeds):
-        for name in names[i % 3 :] + names[: i % 3]:
+        for name in rotated(names, i):
             r = run_child(CANDIDATES[name](seed, args.max_steps), args.timeout)
             if "error" in r:
                 raise SystemExit(f"{name}, seed {seed}: {r['error']}")
@@ -118,18 +110,9 @@ def main(argv=None) -> int:
                 flush=True,
             )
     wall = time.perf_counter() - t0
-    os.makedirs(args.out, exist_ok=True)
     keep = ("solved", "env_steps", "wall_seconds", "sps", "final_mean_return")
-    with open(os.path.join(args.out, "memory.json"), "w") as f:
-        json.dump(
-            {"seeds": args.seeds, "runs": {n: [{k: r.get(k) for k in keep} for r in rs] for n, rs in runs.items()}},
-            f,
-            indent=1,
-        )
-    text = report(runs, args, wall)
-    with open(os.path.join(args.out, "memory.md"), "w") as f:
-        f.write(text)
-    print(text)
+    data = {"seeds": args.seeds, "runs": {n: [{k: r.get(k) for k in keep} for r in rs] for n, rs in runs.items()}}
+    write_results(args.out, report(runs, args, wall), data, stem="memory")
     return 0
 
 

@@ -25,40 +25,27 @@ wall time. Writes ``memory_popgym.json`` and ``memory_popgym.md`` into ``--out``
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
 import tempfile
 import time
 
-from harness.common import Parser, child_json, cpu_model, span
+from harness.cli_runs import return_rows, run_fastvec, run_train
+from harness.common import Parser, cpu_model, rotated, span, write_results
 
 ENV = "popgym-RepeatPreviousEasy-v0"
 SOLVED = 0.95
 CANDIDATES = {"fastvec LSTM": [], "fastvec GRU": ["policy_core=gru"], "fastvec MLP": ["policy_core=none"]}
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def one_run(overrides: list, seed: int, steps: int | None, timeout: float) -> dict:
     """Train and evaluate one candidate on one seed, each in a fresh process."""
     with tempfile.TemporaryDirectory() as tmp:
         run = os.path.join(tmp, "run")
-        cmd = [sys.executable, "-m", "fastvec", "train", ENV, "--seed", str(seed), "--logdir", run]
-        cmd += ["--no-progress", "--no-tensorboard"]
-        if steps is not None:
-            cmd += ["--total-steps", str(steps)]
-        for o in overrides:
-            cmd += ["--set", o]
-        result = child_json(cmd, f"{ENV} seed {seed} {overrides}", timeout, cwd=ROOT)
-        curve = []
-        with open(os.path.join(run, "metrics.jsonl")) as f:
-            for line in f:
-                row = json.loads(line)
-                if row.get("charts/mean_return") is not None:
-                    curve.append((row["charts/mean_return"], row.get("time/wall_s")))
-        ev_cmd = [sys.executable, "-m", "fastvec", "eval", run, "--episodes", "100", "--seed", "10000"]
-        ev = child_json(ev_cmd, f"eval of seed {seed} {overrides}", timeout, cwd=ROOT)
+        result = run_train(ENV, seed, total_steps=steps, sets=overrides, logdir=run, timeout=timeout)
+        curve = [(r["charts/mean_return"], r.get("time/wall_s")) for r in return_rows(run)]
+        ev = run_fastvec(["eval", run, "--episodes", "100", "--seed", "10000"], timeout=timeout)
     solved_at = next((t for r, t in curve if r >= SOLVED and t is not None), None)
     return {
         "env_steps": result["env_steps"],
@@ -109,8 +96,7 @@ def main(argv=None) -> int:
     names = list(CANDIDATES)
     runs: dict[str, list] = {n: [] for n in names}
     for i, seed in enumerate(args.seeds):
-        k = i % len(names)
-        for name in names[k:] + names[:k]:
+        for name in rotated(names, i):
             r = one_run(CANDIDATES[name], seed, args.steps, args.timeout)
             runs[name].append(r)
             print(
@@ -120,13 +106,8 @@ def main(argv=None) -> int:
                 flush=True,
             )
     wall = time.perf_counter() - t0
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "memory_popgym.json"), "w") as f:
-        json.dump({"env_id": ENV, "seeds": args.seeds, "steps": args.steps, "runs": runs}, f, indent=1)
-    text = report(runs, args, wall)
-    with open(os.path.join(args.out, "memory_popgym.md"), "w") as f:
-        f.write(text)
-    print(text)
+    data = {"env_id": ENV, "seeds": args.seeds, "steps": args.steps, "runs": runs}
+    write_results(args.out, report(runs, args, wall), data, stem="memory_popgym")
     return 0
 
 

@@ -25,14 +25,14 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 
+from harness.cli_runs import return_rows, run_train
 from harness.common import span as _span
+from harness.processes import children_cpu_seconds
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # name: env id, env steps (the cap, for a time-to-solve race), time to solve?, seeds
@@ -45,39 +45,29 @@ WORKLOADS = {
 CANDIDATES = {"lockstep": ["pipeline=lockstep"], "async": ["pipeline=async"]}
 
 
-def _cpu_of_children() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
 def run(env_id: str, steps: int, seed: int, sets: list[str], solve: bool) -> dict:
+    """One fresh ``fastvec train``: its result, the CPU time and wall time of its process
+    tree, and its curve of mean return against env steps."""
     from fastvec.train import solve_threshold
 
+    stop = ["--stop-at-return", str(solve_threshold(env_id))] if solve else []
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
-        cmd = [sys.executable, "-m", "fastvec", "train", env_id, "--total-steps", str(steps), "--seed", str(seed)]
-        cmd += ["--no-progress", "--no-tensorboard", "--checkpoint-every", "0", "--logdir", run_dir]
-        if solve:
-            cmd += ["--stop-at-return", str(solve_threshold(env_id))]
-        for s in sets:
-            cmd += ["--set", s]
-        cpu0, t0 = _cpu_of_children(), time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=7200, cwd=tmp)
-        process_wall = time.perf_counter() - t0
-        cpu = _cpu_of_children() - cpu0
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-        res = json.loads(proc.stdout.strip().splitlines()[-1])
-        res["cpu_seconds"] = round(cpu, 2)
-        res["process_wall_seconds"] = round(process_wall, 2)
-        curve = []
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            for line in f:
-                row = json.loads(line)
-                if row.get("charts/mean_return") is not None:
-                    curve.append((row["env_steps"], row["charts/mean_return"]))
-        res["curve"] = curve
-        return res
+        cpu0, t0 = children_cpu_seconds(), time.perf_counter()
+        res = run_train(
+            env_id,
+            seed,
+            total_steps=steps,
+            sets=sets,
+            extra_args=stop,
+            logdir=run_dir,
+            checkpoint_every=0,
+            timeout=7200,
+        )
+        res["process_wall_seconds"] = round(time.perf_counter() - t0, 2)
+        res["cpu_seconds"] = round(children_cpu_seconds() - cpu0, 2)
+        res["curve"] = [(r["env_steps"], r["charts/mean_return"]) for r in return_rows(run_dir)]
+    return res
 
 
 def _run_cpu(res: dict) -> float:

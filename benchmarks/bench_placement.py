@@ -36,7 +36,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness.common import Parser, child_json, machine, span  # noqa: E402
+from harness.common import Parser, machine, span  # noqa: E402
+from harness.processes import child_json  # noqa: E402
 
 WORKLOADS = {
     "uneven": {"candidates": ["sync", "contiguous", "balanced"], "steps": 1500},

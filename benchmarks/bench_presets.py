@@ -28,12 +28,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+from harness.cli_runs import return_rows, run_fastvec, run_train
 from harness.common import span
+from harness.processes import child_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SB3 = "sb3_zoo"  # the SB3 anchor's candidate name
@@ -54,25 +55,15 @@ def parse_candidate(text: str) -> tuple[str, list[str]]:
     return name, sets
 
 
-def _fastvec(args: list[str], cwd: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "fastvec", *args], capture_output=True, text=True, cwd=cwd)
-    if proc.returncode != 0:
-        raise SystemExit(f"fastvec {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def run(env_id: str, steps: int, seed: int, sets: list[str], episodes: int, max_time: float | None = None) -> dict:
+    stop = [] if max_time is None else ["--max-time", str(max_time)]
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
-        train = [env_id, "--total-steps", str(steps), "--seed", str(seed), "--logdir", run_dir]
-        if max_time is not None:
-            train += ["--max-time", str(max_time)]
-        train += ["--no-progress", "--no-tensorboard", "--checkpoint-every", "0"]
-        for s in sets:
-            train += ["--set", s]
-        trained = _fastvec(["train", *train], tmp)
-        ev = _fastvec(["eval", run_dir, "--episodes", str(episodes)], tmp) if episodes else {}
-        curve = learning_curve(os.path.join(run_dir, "metrics.jsonl"))
+        trained = run_train(
+            env_id, seed, total_steps=steps, sets=sets, extra_args=stop, logdir=run_dir, checkpoint_every=0
+        )
+        ev = run_fastvec(["eval", run_dir, "--episodes", str(episodes)]) if episodes else {}
+        curve = learning_curve(run_dir)
         curve.append([trained["env_steps"], trained["wall_seconds"], trained["final_mean_return"]])
     return {
         "wall_seconds": trained["wall_seconds"],
@@ -163,21 +154,17 @@ def run_sb3(env_id: str, steps: int, seed: int, episodes: int) -> dict:
 
 def _sb3_child(env_id: str, steps: int, seed: int, episodes: int) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--_sb3", env_id, str(steps), str(seed), str(episodes)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"SB3's run failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return child_json(cmd, "SB3's run", timeout=None)
 
 
-def learning_curve(metrics_path: str, points: int = 200) -> list[list[float]]:
+def learning_curve(run_dir: str, points: int = 200) -> list[list[float]]:
     """[env steps, wall s, mean training return] from a run's metrics log, at most
     ``points`` rows (evenly thinned, the last kept): the results page's curves."""
-    rows = []
-    with open(metrics_path) as f:
-        for line in f:
-            m = json.loads(line)
-            if m.get("charts/mean_return") is not None and "time/wall_s" in m:
-                rows.append([m["env_steps"], round(m["time/wall_s"], 2), round(m["charts/mean_return"], 1)])
+    rows = [
+        [m["env_steps"], round(m["time/wall_s"], 2), round(m["charts/mean_return"], 1)]
+        for m in return_rows(run_dir)
+        if "time/wall_s" in m
+    ]
     if len(rows) > points:
         keep = sorted({round(i * (len(rows) - 1) / (points - 1)) for i in range(points)})
         rows = [rows[i] for i in keep]

@@ -22,19 +22,18 @@ Writes ``ranks.json`` and ``ranks.md`` into ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 
-from harness.common import cpu_model
+from harness.cli_runs import train_command
+from harness.common import cpu_model, write_results
+from harness.processes import child_env, last_json
 
-QUIET = ["--no-progress", "--no-tensorboard", "--checkpoint-every", "0"]
 # The presets' policies (fastvec train's "policy" field): parameters of the flat gradient.
 MODEL_SIZES = {
     "CartPole-v1 (mlp 64x64)": 9_155,
@@ -45,19 +44,18 @@ MODEL_SIZES = {
 
 def train(seed: int, nproc: int, steps: int, tmp: str) -> dict:
     run = os.path.join(tmp, f"hc-{nproc}-{seed}")
-    argv = ["HalfCheetah-v5", "--total-steps", str(steps), "--seed", str(seed), "--logdir", run, *QUIET]
-    if nproc > 1:
-        argv += ["--nproc", str(nproc)]
+    ranks = ["--nproc", str(nproc)] if nproc > 1 else []
+    cmd = train_command("HalfCheetah-v5", seed, total_steps=steps, extra_args=ranks, logdir=run, checkpoint_every=0)
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "fastvec", "train", *argv]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
+    # Popen, not run_train: the sampler reads the process tree's CPU while it runs
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp, env=child_env())
     cpu = CpuSampler(proc.pid, ranks_are_children=nproc > 1)
     cpu.start()
     out, err = proc.communicate()
     cpu.stop()
-    if proc.returncode:
-        raise SystemExit(f"run failed: {argv}\n{err[-2000:]}")
-    res = json.loads(out.strip().splitlines()[-1])
+    res = last_json(out)
+    if proc.returncode or res is None:
+        raise SystemExit(f"run failed: {cmd[3:]}\n{err[-2000:]}")
     res["process_wall_s"] = time.perf_counter() - t0
     res["cpu"] = cpu.by_role()
     return res
@@ -281,13 +279,8 @@ def main() -> None:
                 )
     ar = allreduce_times([*MODEL_SIZES.values(), 5, MODEL_SIZES["HalfCheetah-v5 (mlp 64x64)"] + 5])
     wall = time.perf_counter() - t0
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "ranks.json"), "w") as f:
-        json.dump({"runs": runs, "allreduce_s": {str(k): v for k, v in ar.items()}, "seeds": args.seeds}, f, indent=1)
-    text = report(runs, ar, args, wall)
-    with open(os.path.join(args.out, "ranks.md"), "w") as f:
-        f.write(text)
-    print(text)
+    data = {"runs": runs, "allreduce_s": {str(k): v for k, v in ar.items()}, "seeds": args.seeds}
+    write_results(args.out, report(runs, ar, args, wall), data, stem="ranks")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import platform
 import statistics
@@ -46,6 +45,7 @@ import sys
 import time
 
 import numpy as np
+from harness.common import cpu_model, write_results
 
 from fastvec.options import available_cores
 
@@ -71,7 +71,7 @@ def _fns(name: str, n: int):
     return [functools.partial(make_gym, "CartPole-v1")] * n
 
 
-def _make(kind: str, fns, workers: int):
+def _vector_env(kind: str, fns, workers: int):
     import fastvec
     import fastvec.ray
 
@@ -107,7 +107,7 @@ def bench_workload(name: str, kinds, repeats: int, steps: int | None, seed: int,
     try:
         for kind in kinds:
             t0 = time.perf_counter()
-            envs[kind] = _make(kind, fns, workers)
+            envs[kind] = _vector_env(kind, fns, workers)
             envs[kind].reset(seed=seed)
             if progress:
                 print(f"[{name}] {kind}: started in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
@@ -238,14 +238,14 @@ def _md(results: dict) -> str:
     c = results.get("ray_calls")
     if c:
 
-        def span(d):
+        def us_span(d):
             return f"{d['median']:,.0f} µs ({d['min']:,.0f}–{d['max']:,.0f})"
 
         lines += [
             "## Fixed costs of the Ray task path",
             "",
-            f"- no-op Ray actor call (small numpy argument and result): {span(c['noop_call_us'])}",
-            f"- one Pong batch (8x4x84x84 uint8, 226 KB) returned through the object store: {span(c['pong_batch_us'])}",
+            f"- no-op Ray actor call (small numpy argument and result): {us_span(c['noop_call_us'])}",
+            f"- one Pong batch (8x4x84x84 uint8, 226 KB) returned through the object store: {us_span(c['pong_batch_us'])}",
             "",
         ]
     return "\n".join(lines)
@@ -276,14 +276,8 @@ def main(argv=None) -> int:
             bench_workload(name, kinds, args.repeats, args.steps, args.seed, not args.no_progress)
         )
     results["ray_calls"] = bench_ray_calls(args.repeats)
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     results["machine"] = {
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "cores": available_cores(),
         "python": platform.python_version(),
         "ray": ray.__version__,
@@ -291,14 +285,7 @@ def main(argv=None) -> int:
         "load_before": load_before,
         "load_after": tuple(round(x, 2) for x in os.getloadavg()),
     }
-    md = _md(results)
-    print(md)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "ray.json"), "w") as f:
-            json.dump(results, f, indent=1)
-        with open(os.path.join(args.out, "ray.md"), "w") as f:
-            f.write(md + "\n")
+    write_results(args.out, _md(results), results, stem="ray")
     return 0
 
 

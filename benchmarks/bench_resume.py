@@ -26,28 +26,13 @@ import platform
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
+from harness.cli_runs import metrics_rows, train_command
+from harness.processes import child_env, last_json
+
 from fastvec.train import resume_checkpoint
-
-
-def _last_json(text: str) -> dict | None:
-    for line in reversed(text.strip().splitlines()):
-        try:
-            return json.loads(line)
-        except ValueError:
-            continue
-    return None
-
-
-def _rows(run: str) -> list[dict]:
-    try:
-        with open(os.path.join(run, "metrics.jsonl")) as f:
-            return [json.loads(x) for x in f if x.strip()]
-    except (OSError, ValueError):
-        return []
 
 
 def _wait_rows(p, run, n, timeout=120.0) -> bool:
@@ -55,41 +40,32 @@ def _wait_rows(p, run, n, timeout=120.0) -> bool:
     while time.monotonic() - t0 < timeout:
         if p.poll() is not None:
             return False
-        if len(_rows(run)) >= n:
+        if len(metrics_rows(run)) >= n:
             return True
         time.sleep(0.02)
     return p.poll() is None
 
 
-def run_one(env, seed, target, run, kills, rng, extra):
-    base = [sys.executable, "-m", "fastvec", "train"]
-    first = base + [
-        env,
-        "--seed",
-        str(seed),
-        "--stop-at-return",
-        str(target),
-        "--logdir",
-        run,
-        "--no-progress",
-        "--no-tensorboard",
-        *extra,
-    ]
-    resume = base + ["--resume", run, "--no-progress", "--no-tensorboard"]
+def run_one(first: list[str], run: str, kills: int, rng) -> dict:
+    """``first`` (a ``fastvec train`` logging to ``run``) to its end, killed ``kills``
+    times on the way and continued each time with ``--resume``."""
+    resume = train_command(None, extra_args=["--resume", run])
     t0 = time.perf_counter()
     executed = start = 0
     killed = 0
     cmd = first
     while True:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if killed < kills and _wait_rows(p, run, len(_rows(run)) + 1):
+        p = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.path.dirname(run), env=child_env()
+        )
+        if killed < kills and _wait_rows(p, run, len(metrics_rows(run)) + 1):
             time.sleep(rng.uniform(0.5, 3.0))
             if p.poll() is None:
                 p.kill()
                 p.communicate()
                 # this segment ran from `start` to at least its last logged row and its
                 # last checkpoint; the next one starts from the checkpoint a resume takes
-                rows = _rows(run)
+                rows = metrics_rows(run)
                 try:
                     kept = resume_checkpoint(run)[1]["train_state"]["env_steps"]
                 except ValueError:
@@ -100,7 +76,7 @@ def run_one(env, seed, target, run, kills, rng, extra):
                 cmd = resume
                 continue
         out, err = p.communicate()
-        res = _last_json(out)
+        res = last_json(out)
         if p.returncode != 0 or res is None:
             raise RuntimeError(f"run failed ({p.returncode}): {err.strip().splitlines()[-1:]}")
         executed += res["env_steps"] - start
@@ -156,7 +132,7 @@ def flaky(seeds, steps, out) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 res = run_training("FlakyCartPole-v0", cfg, run_dir=run, progress=False, tensorboard=False)
-            best = max((r.get("charts/mean_return") or 0) for r in _rows(run))
+            best = max((r.get("charts/mean_return") or 0) for r in metrics_rows(run))
         finally:
             shutil.rmtree(run, ignore_errors=True)
         lines.append(
@@ -167,6 +143,12 @@ def flaky(seeds, steps, out) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "flaky.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def _first(args, seed: int, run: str) -> list[str]:
+    """The first command of a run: to the target, checkpointing as ``--checkpoint-every`` says."""
+    stop = ["--stop-at-return", str(args.target), "--checkpoint-every", args.checkpoint_every]
+    return train_command(args.env, seed, total_steps=500_000, extra_args=stop, logdir=run)
 
 
 def main(argv=None):
@@ -183,13 +165,13 @@ def main(argv=None):
     if args.flaky:
         return flaky(args.seeds, args.flaky_steps, args.out)
     rng = random.Random(1234)
-    extra = ["--checkpoint-every", args.checkpoint_every, "--total-steps", "500000"]
     rows = []
     tmp = tempfile.mkdtemp(prefix="fastvec-resume-")
     try:
         for seed in args.seeds:
-            plain = run_one(args.env, seed, args.target, os.path.join(tmp, f"plain{seed}"), 0, rng, extra)
-            kill = run_one(args.env, seed, args.target, os.path.join(tmp, f"kill{seed}"), args.kills, rng, extra)
+            runs = {name: os.path.join(tmp, f"{name}{seed}") for name in ("plain", "kill")}
+            plain = run_one(_first(args, seed, runs["plain"]), runs["plain"], 0, rng)
+            kill = run_one(_first(args, seed, runs["kill"]), runs["kill"], args.kills, rng)
             rows.append({"seed": seed, "plain": plain, "killed": kill})
             print(
                 json.dumps(

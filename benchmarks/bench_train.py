@@ -61,6 +61,8 @@ import subprocess
 import sys
 import time
 
+from harness.common import write_results
+from harness.processes import last_json
 from harness.train_children import CHILDREN
 from harness.train_report import THRESHOLDS, report
 
@@ -97,11 +99,11 @@ def run_child(job: dict, timeout: float) -> dict:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:g} s", "job": job}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
+    res = last_json(proc.stdout)
+    if proc.returncode != 0 or res is None:
         err = (proc.stderr.strip().splitlines() or ["?"])[-1]
         return {"error": f"exit {proc.returncode}: {err}", "job": job}
-    return json.loads(lines[-1])
+    return res
 
 
 def _median(xs):
@@ -414,14 +416,7 @@ def main(argv=None) -> int:
     results = {"machine": _machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     run_sections(args, results)
     results["machine"]["load_end"] = _load()
-    md = report(results)
-    print(md)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "train.json"), "w") as f:
-            json.dump(results, f, indent=1)
-        with open(os.path.join(args.out, "train.md"), "w") as f:
-            f.write(md + "\n")
+    write_results(args.out, report(results), results, stem="train")
     return 0
 
 

@@ -14,15 +14,14 @@ the same actions up to floating-point rounding).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 
+from harness.cli_runs import run_train
 from harness.common import span as _span
+from harness.common import write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = {  # env id, env steps, extra --set
@@ -33,30 +32,7 @@ CANDIDATES = {"lockstep": ["env_groups=1"], "groups": ["env_groups=2"]}
 
 
 def run(env_id: str, steps: int, seed: int, sets: list[str]) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "fastvec",
-            "train",
-            env_id,
-            "--total-steps",
-            str(steps),
-            "--seed",
-            str(seed),
-            "--no-progress",
-            "--no-tensorboard",
-            "--checkpoint-every",
-            "0",
-            "--logdir",
-            os.path.join(tmp, "run"),
-        ]
-        for s in sets:
-            cmd += ["--set", s]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=tmp)
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_train(env_id, seed, total_steps=steps, sets=sets, checkpoint_every=0, timeout=3600)
 
 
 def main():
@@ -66,7 +42,6 @@ def main():
     p.add_argument("--steps-scale", type=float, default=1.0)
     p.add_argument("--out", default=os.path.join(HERE, "results", "train_groups"))
     args = p.parse_args()
-    os.makedirs(args.out, exist_ok=True)
     t_start = time.time()
     runs: dict = {}
     for r, seed in enumerate(args.seeds):
@@ -83,11 +58,6 @@ def main():
                     f"return {res['final_mean_return']}",
                     flush=True,
                 )
-    json.dump(
-        {"runs": runs, "machine": platform.platform(), "cores": os.cpu_count()},
-        open(os.path.join(args.out, "train_groups.json"), "w"),
-        indent=1,
-    )
     lines = [
         f"# fastvec train: batch groups against lock-step ({len(args.seeds)} seeds, {time.time() - t_start:.0f} s)",
         "",
@@ -111,8 +81,8 @@ def main():
                 f"| {_span([x['time_breakdown']['learn'] + x['time_breakdown']['prepare'] for x in rs], '{:.1f}')} "
                 f"| {_span([x['device_busy_fraction'] for x in rs])} | {rets} | {_span(speed)}x |"
             )
-    open(os.path.join(args.out, "train_groups.md"), "w").write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    data = {"runs": runs, "machine": platform.platform(), "cores": os.cpu_count()}
+    write_results(args.out, "\n".join(lines) + "\n", data, stem="train_groups")
 
 
 if __name__ == "__main__":

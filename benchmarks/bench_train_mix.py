@@ -19,7 +19,6 @@ balanced's per round.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -28,7 +27,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness.common import Parser, child_json, machine, span  # noqa: E402
+from harness.cli_runs import return_rows, run_train  # noqa: E402
+from harness.common import Parser, machine, span, write_results  # noqa: E402
 
 ENV_ID = "HalfCheetah-v5"
 MIX = ["frame_skip=20", "frame_skip=5"]
@@ -37,16 +37,14 @@ CANDIDATES = {"balanced": [], "contiguous": ["--set", "placement=contiguous"]}
 
 def run(candidate: str, seed: int, steps: int) -> dict:
     """One fresh ``fastvec train``: its result and the first logged mean return."""
+    mix = [flag for g in MIX for flag in ("--mix", g)]
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
-        cmd = [sys.executable, "-m", "fastvec", "train", ENV_ID, "--seed", str(seed), "--total-steps", str(steps)]
-        for g in MIX:
-            cmd += ["--mix", g]
-        cmd += [*CANDIDATES[candidate], "--no-progress", "--no-tensorboard", "--checkpoint-every", "0"]
-        res = child_json([*cmd, "--logdir", run_dir], f"{candidate} seed {seed}", timeout=3600, cwd=tmp)
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            rows = [json.loads(line) for line in f]
-    first = next((r for r in rows if r.get("charts/mean_return") is not None), None)
+        extra = [*mix, *CANDIDATES[candidate]]
+        res = run_train(
+            ENV_ID, seed, total_steps=steps, extra_args=extra, logdir=run_dir, checkpoint_every=0, timeout=3600
+        )
+        first = next(iter(return_rows(run_dir)), None)
     res["first_return"] = None if first is None else (first["env_steps"], first["charts/mean_return"])
     return res
 
@@ -76,13 +74,7 @@ def main(argv=None) -> int:
                 f"seed {r}: the placements learned differently: {a['final_mean_return']} vs {b['final_mean_return']}"
             )
     meta["seconds"] = round(time.time() - t_start)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "train_mix.json"), "w") as f:
-        json.dump({"meta": meta, "runs": runs}, f, indent=1)
-    report = render(meta, runs, args.steps)
-    with open(os.path.join(args.out, "train_mix.md"), "w") as f:
-        f.write(report)
-    print(report)
+    write_results(args.out, render(meta, runs, args.steps), {"meta": meta, "runs": runs}, stem="train_mix")
     return 0
 
 

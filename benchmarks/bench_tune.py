@@ -28,7 +28,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness.common import Parser, child_json, machine, span  # noqa: E402
+from harness.common import Parser, machine, span  # noqa: E402
+from harness.processes import child_json  # noqa: E402
 
 WORKLOADS = {"cartpole64": ("CartPole-v1", 64), "halfcheetah16": ("HalfCheetah-v5", 16), "pong8": ("pong", 8)}
 

@@ -34,7 +34,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -53,20 +52,12 @@ TRAIN_ENV, TRAIN_STEPS = "HalfCheetah-v5", 102_400
 STEPS = {"pong": 2000, "halfcheetah": 16000}
 
 
-def _make(workload):
-    if workload == "pong":
-        from harness.envs import make_pong
-
-        return make_pong
-    import gymnasium as gym
-
-    return lambda: gym.make("HalfCheetah-v5")
-
-
 def child(spec: dict) -> dict:
     """One measurement in this process: env steps/s of a plain loop over ``envs`` envs
     (``kind="loop"``) or of SyncVectorEnv over them (``"sync"``)."""
-    fn, steps, n = _make(spec["workload"]), spec["steps"], spec["envs"]
+    from harness.envs import workload_envs
+
+    fn, steps, n = workload_envs(spec["workload"]), spec["steps"], spec["envs"]
     if spec["kind"] == "loop":
         envs = [fn() for _ in range(n)]
         for i, env in enumerate(envs):
@@ -106,15 +97,6 @@ def child(spec: dict) -> dict:
     return {"sps": sps}
 
 
-def _run(cmd: list[str], timeout: float = 900.0) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=timeout, env=env)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{' '.join(cmd[:3])}... failed with exit code {proc.returncode}")
-    return json.loads(lines[-1])
-
-
 def measure(name: str, train_steps: int) -> dict:
     """One candidate in a fresh process."""
     kind, *rest = name.split(":")
@@ -128,7 +110,10 @@ def measure(name: str, train_steps: int) -> dict:
         return res
     workload, n = rest
     spec = {"kind": kind, "workload": workload, "steps": STEPS[workload], "envs": int(n)}
-    return _run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)])
+    from harness.processes import child_env, child_json
+
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
+    return child_json(cmd, f"{name} measurement", 900.0, env=child_env(ROOT))
 
 
 def _med(xs):

@@ -38,6 +38,8 @@ import time
 
 import numpy as np
 import psutil
+from harness.cli_runs import train_command
+from harness.processes import child_env, last_json
 from harness.soak_report import MIB, analyse, machine_info, plot, write_markdown
 
 SHM_DIR = "/dev/shm"
@@ -351,27 +353,16 @@ def _sample_trainer(proc, sampler: Sampler, metrics: str, total_steps: int, inte
             time.sleep(0.05)
 
 
-def _trainer_summary(output: str) -> object:
-    """The trainer's summary: the last line of its output that parses as JSON."""
-    for line in reversed(output.splitlines()):
-        try:
-            return json.loads(line)
-        except ValueError:
-            continue
-    return None
-
-
 def run_train(total_steps: int, interval: float) -> dict:
     shm_before = shm_listing()
     logdir = tempfile.mkdtemp(prefix="fastvec-soak-train-")
-    cmd = [sys.executable, "-m", "fastvec", "train", "CartPole-v1", "--total-steps", str(total_steps)]
-    cmd += ["--no-progress", "--logdir", logdir, "--no-tensorboard"]
+    cmd = train_command("CartPole-v1", total_steps=total_steps, logdir=logdir)
     metrics = os.path.join(logdir, "metrics.jsonl")
     log_path = os.path.join(logdir, "trainer-output.log")
     print(f"[train] {shlex.join(cmd)}", flush=True)
     t_start = time.perf_counter()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=logdir, env=child_env())
         sampler = Sampler(proc.pid)
         try:
             _sample_trainer(proc, sampler, metrics, total_steps, interval, t_start)
@@ -385,7 +376,7 @@ def run_train(total_steps: int, interval: float) -> dict:
     later = end_state(shm_before, sampler.seen_shm, sampler.seen_workers, wait_s=2.0)
     with open(log_path, "rb") as f:
         output = f.read().decode("utf-8", "replace")
-    summary = _trainer_summary(output)
+    summary = last_json(output)
     final_steps = summary.get("env_steps") if isinstance(summary, dict) else _last_env_steps(metrics)
     shutil.rmtree(logdir, ignore_errors=True)
     print(f"[train] exit {rc} after {wall:.1f} s; summary {summary}", flush=True)
@@ -405,7 +396,7 @@ def run_train(total_steps: int, interval: float) -> dict:
         "helpers": sorted(sampler.seen_helpers),
         "end": end,
         "end_after_2s": later,
-        "command": shlex.join(["python", *cmd[1:-4]]) + " --no-progress --logdir <tmpdir> --no-tensorboard",
+        "command": shlex.join(["python", *cmd[1:-2]]) + " --logdir <tmpdir>",
     }
 
 

@@ -359,6 +359,75 @@ def test_gae_benchmark_writes_results(tmp_path, capsys):
     assert "fastvec.gae vs numpy loop:" in md and "fastvec.gae vs numpy loop:" in capsys.readouterr().out
 
 
+def test_gae_benchmark_times_what_it_checked():
+    """bench_gae.run_gae_bench: rows for the sizes asked, every implementation's output
+    equal to the numpy loop's (or the torch loop's) before it is timed, and speed-ups that
+    are the quotients of the timings it reports."""
+    from bench_gae import run_gae_bench
+
+    msgs = []
+    res = run_gae_bench(T=16, N=3, dtype="float64", repeats=2, progress=msgs.append, min_time=1e-4, include_torch=True)
+    assert msgs and msgs[-1] == "done"
+    assert (res["T"], res["N"], res["elements"], res["dtype"], res["repeats"]) == (16, 3, 48, "float64", 2)
+    methods = res["methods"]
+    assert {"fastvec", "fastvec_out", "fastvec_from_dones", "numpy_loop"} <= set(methods)
+    for m in methods.values():
+        assert m["min_s"] <= m["median_s"] <= m["max_s"]
+        assert m["elements_per_s"] == pytest.approx(48 / m["median_s"])
+    assert res["max_abs_diff"]["fastvec_vs_numpy"] <= 1e-9
+    fv = methods["fastvec"]["median_s"]
+    assert res["speedup_vs_numpy"] == pytest.approx(methods["numpy_loop"]["median_s"] / fv)
+    if "torch_cleanrl" in methods:
+        assert res["max_abs_diff"]["from_dones_vs_torch"] <= 1e-9
+        assert res["speedup_vs_torch"] == pytest.approx(methods["torch_cleanrl"]["median_s"] / fv)
+    else:
+        assert res["speedup_vs_torch"] is None and res["torch_error"]
+    import bench_gae
+
+    md = bench_gae.markdown(res).splitlines()
+    assert md[0].startswith("GAE, T=16, N=3, float64, 2 repeats")
+    assert [line.split(" | ")[0] for line in md[4 : 4 + len(methods)]] == [
+        f"| {m['description']}" for m in methods.values()
+    ]
+    with pytest.raises(ValueError):
+        run_gae_bench(T=4, N=2, dtype="int32")
+
+
+def test_run_train_is_fastvec_train_as_a_user_runs_it(tmp_path):
+    """harness.cli_runs: the command line every benchmark trains with, run in a fresh
+    process; its result JSON, its metrics log; a failing run ends the benchmark with
+    the command and the trainer's error."""
+    from harness.cli_runs import metrics_rows, return_rows, run_train, train_command
+    from harness.processes import last_json
+
+    cmd = train_command(
+        "CartPole-v1",
+        3,
+        total_steps=2048,
+        sets=["n_epochs=1"],
+        extra_args=["--stop-at-return", "500"],
+        logdir="/x",
+        checkpoint_every=0,
+    )
+    assert cmd == [sys.executable, "-m", "fastvec", "train", "CartPole-v1", "--seed", "3", "--total-steps", "2048"] + [
+        "--set", "n_epochs=1", "--stop-at-return", "500", "--no-progress", "--no-tensorboard",
+        "--checkpoint-every", "0", "--logdir", "/x",
+    ]  # fmt: skip
+    assert train_command(None, extra_args=["--resume", "/r"])[3:] == [
+        "train", "--resume", "/r", "--no-progress", "--no-tensorboard"
+    ]  # fmt: skip
+    run = tmp_path / "run"
+    res = run_train("CartPole-v1", 3, total_steps=1024, sets=["n_epochs=1"], logdir=str(run), checkpoint_every=0)
+    assert res["env_steps"] == 1024 and res == json.loads((run / "result.json").read_text())
+    rows = metrics_rows(str(run))
+    assert rows and all(r["env_steps"] <= 1024 for r in rows)
+    assert all(r["charts/mean_return"] is not None for r in return_rows(str(run)))
+    assert metrics_rows(str(tmp_path / "none")) == []
+    with pytest.raises(SystemExit, match="fastvec train No-Such-Env-v0 --seed 1"):
+        run_train("No-Such-Env-v0", 1, total_steps=8)
+    assert last_json('noise\n{"a": 1}\n{"b": 2\n') == {"a": 1} and last_json("no json") is None
+
+
 def test_preset_candidates_train_evaluate_and_report(tmp_path, capsys):
     """benchmarks/bench_presets.py: each candidate and seed trained and evaluated in fresh
     processes; the table's medians and worst seed are those of the runs it saved."""

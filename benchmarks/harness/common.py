@@ -30,6 +30,12 @@ def span(vals, fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(statistics.median(vals))} ({fmt.format(min(vals))}{sep}{fmt.format(max(vals))})"
 
 
+def rotated(names: list, i: int) -> list:
+    """``names`` in round ``i``'s order: rotated by ``i``, so that each goes first in turn."""
+    k = i % len(names)
+    return names[k:] + names[:k]
+
+
 def parse(parser: argparse.ArgumentParser, argv):
     """``parser.parse_args(argv)``, or the exit status 2 of a usage error (already
     printed); ``--help`` still exits."""
@@ -39,19 +45,6 @@ def parse(parser: argparse.ArgumentParser, argv):
         if exc.code == 2:
             return 2
         raise
-
-
-def child_json(cmd: list, what: str, timeout: float = 1800.0, cwd: str | None = None) -> dict:
-    """Run a measurement in a fresh process (in ``cwd``: ``python -m fastvec`` run in a
-    source checkout would import the unbuilt tree); its last line of output is JSON. A
-    failure ends the benchmark with ``what`` and the child's stderr."""
-    import json
-    import subprocess
-
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
-    if proc.returncode != 0:
-        raise SystemExit(f"{what} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def positive(text: str) -> int:
@@ -186,17 +179,17 @@ class Progress:
             self.bar.close()
 
 
-def write_results(out: str | None, text: str, result: dict) -> None:
-    """Print a run's markdown; with ``out``, write it and its data there (``results.md``,
-    ``results.json``): the latest run of the benchmark."""
+def write_results(out: str | None, text: str, result: dict, stem: str = "results") -> None:
+    """Print a run's markdown; with ``out``, write it and its data there (``STEM.md``,
+    ``STEM.json``): the latest run of the benchmark."""
     import json
 
     print(text)
     if out:
         os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "results.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(out, "results.json"), "w") as f:
+        with open(os.path.join(out, f"{stem}.md"), "w") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+        with open(os.path.join(out, f"{stem}.json"), "w") as f:
             json.dump(result, f, indent=1, default=json_default)
 
 
@@ -210,8 +203,3 @@ def json_default(o):
     if isinstance(o, tuple):
         return list(o)
     return str(o)
-
-
-def bench_dir() -> str:
-    """``benchmarks/``: put first on a child's path so that it imports this harness."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

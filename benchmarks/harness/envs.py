@@ -1,6 +1,8 @@
 """Env factories for the benchmarks (module-level, so every start method can pickle them).
 
 - :func:`make_gym`: ``gymnasium.make(env_id, **kwargs)``.
+- :func:`workload_envs`: the env factory of the ``pong`` and ``halfcheetah`` workloads of
+  ``ceilings.py`` and ``bench_batches.py``.
 - :func:`make_pong`: ``ALE/Pong-v5`` with ``frameskip=1, repeat_action_probability=0``,
   wrapped in ``AtariPreprocessing(frame_skip=4, screen_size=84, grayscale_obs=True,
   noop_max=30)`` and ``FrameStackObservation(4)``: the usual DQN/PPO Atari stack.
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 import gymnasium as gym
@@ -27,8 +30,6 @@ def make_gym(env_id: str, **kwargs):
 
 
 def metaworld_mt10(per_task: int = 1, seed: int = 0) -> list:
-    import functools
-
     import metaworld
 
     bench = metaworld.MT10(seed=seed)
@@ -50,6 +51,11 @@ def make_pong():
     env = gym.make("ALE/Pong-v5", frameskip=1, repeat_action_probability=0.0)
     env = AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30)
     return FrameStackObservation(env, 4)
+
+
+def workload_envs(workload: str):
+    """The env factory of a workload: ``"pong"`` (:func:`make_pong`) or ``"halfcheetah"``."""
+    return {"pong": make_pong, "halfcheetah": functools.partial(make_gym, "HalfCheetah-v5")}[workload]
 
 
 class LargeObsEnv(gym.Env):

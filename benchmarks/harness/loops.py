@@ -45,7 +45,7 @@ import time
 
 import numpy as np
 
-from .common import bench_dir
+from .processes import child_env, children_cpu_seconds, last_json
 
 FIXED_SPINS = {"spin_us": 200.0, "main_spin_us": 20.0}
 GAPS_MS = (0.0, 0.1, 0.4, 1.0, 4.0)
@@ -174,21 +174,14 @@ def _cpu_ticks():
     return (ticks[7] if len(ticks) > 7 else 0), sum(ticks[:8])
 
 
-def _cpu_of_children() -> float:
-    import resource
-
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
 def run_child(spec: dict, timeout: float, fastvec_root: str | None = None) -> dict:
     """One measurement in a fresh process importing the fastvec in ``fastvec_root``
     (default: this process's); its JSON result, or ``{"error": ...}``."""
     cmd = [sys.executable, "-m", "harness.loop_children", json.dumps(spec)]
     t0 = _cpu_ticks()
-    cpu0, wall0 = _cpu_of_children(), time.perf_counter()
+    cpu0, wall0 = children_cpu_seconds(), time.perf_counter()
     try:
-        env = dict(os.environ, PYTHONPATH=child_path(fastvec_root))
+        env = child_env(fastvec_root)
         with tempfile.TemporaryDirectory(prefix="fastvec-loop-") as cwd:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, text=True, cwd=cwd, env=env)
             try:
@@ -205,28 +198,15 @@ def run_child(spec: dict, timeout: float, fastvec_root: str | None = None) -> di
                 }
     except OSError as exc:
         return {"error": f"could not start: {exc}"}
-    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
+    res = last_json(out)
+    if proc.returncode != 0 or res is None:
         return {"error": f"exit code {proc.returncode}"}
-    res = json.loads(lines[-1])
-    res["cpu_s"] = _cpu_of_children() - cpu0  # the child's and its waited-for descendants' CPU time
+    res["cpu_s"] = children_cpu_seconds() - cpu0  # the child's and its waited-for descendants' CPU time
     res["process_wall_s"] = time.perf_counter() - wall0
     t1 = _cpu_ticks()
     if t0 and t1 and t1[1] > t0[1]:
         res["steal"] = (t1[0] - t0[0]) / (t1[1] - t0[1])
     return res
-
-
-def child_path(fastvec_root: str | None = None) -> str:
-    """``PYTHONPATH`` of a child: the folder holding the fastvec to measure (default: the
-    one this process runs), then ``benchmarks/`` for this harness. The child runs in an
-    empty cwd: ``python -m`` puts the cwd first, and an unbuilt source checkout there
-    would shadow the build."""
-    if fastvec_root is None:
-        import fastvec
-
-        fastvec_root = os.path.dirname(os.path.dirname(os.path.abspath(fastvec.__file__)))
-    return os.pathsep.join(filter(None, [fastvec_root, bench_dir(), os.environ.get("PYTHONPATH")]))
 
 
 def _descendants(pid: int) -> list[int]:
