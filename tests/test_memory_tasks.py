@@ -14,8 +14,8 @@ from gymnasium.vector import SyncVectorEnv
 from helpers import assert_same
 
 import fastvec
-from fastvec.train.config import presets
 from fastvec.train.commands.cli import main as cli_main
+from fastvec.train.config import presets
 from fastvec.train.config.presets import env_factory, preset_for
 
 ENV = "popgym-RepeatPreviousEasy-v0"

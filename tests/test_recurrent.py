@@ -15,8 +15,8 @@ from fastvec.engine import Engine
 from fastvec.train import PPO, ConfigError, EngineStorage, PPOConfig, apply_overrides
 from fastvec.train.algo.checkpoints import load_checkpoint, policy_from_checkpoint
 from fastvec.train.commands.cli import main as cli_main
-from fastvec.train.model.actor_critic import Sequences, make_policy
 from fastvec.train.config.presets import env_factory, preset_for
+from fastvec.train.model.actor_critic import Sequences, make_policy
 
 
 def _stepwise(pol, obs, state, starts):

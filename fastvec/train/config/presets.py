@@ -317,7 +317,7 @@ def _make_atari(env_id: str, env_kwargs: dict):
     gym.register_envs(ale_py)
     from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
-    kwargs = dict(frameskip=1, repeat_action_probability=0.0)
+    kwargs: dict = dict(frameskip=1, repeat_action_probability=0.0)
     kwargs.update(env_kwargs)
     env = gym.make(env_id, **kwargs)
     env = AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30)
@@ -338,6 +338,7 @@ class CartPoleNoVel(CartPoleEnv):
     def __init__(self, render_mode: str | None = None):
         super().__init__(render_mode=render_mode)
         full = self.observation_space
+        assert isinstance(full, gym.spaces.Box)
         keep = [0, 2]  # x, theta
         self.observation_space = gym.spaces.Box(full.low[keep], full.high[keep], dtype=np.float32)
 
