@@ -741,7 +741,7 @@ def test_flaky_env_trains_through_its_failures(tmp_path):
 
 
 def test_learning_curves_stay_bounded():
-    from fastvec.train.run.monitor import CURVE_POINTS, thin
+    from fastvec.train.algo.statistics import CURVE_POINTS, thin
 
     pts = []
     for i in range(10 * CURVE_POINTS):
