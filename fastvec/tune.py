@@ -52,7 +52,15 @@ def tune(
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 60:
         raise ValueError(f"seconds must be in (0, 60], got {seconds!r}")
     return choose(
-        list(env_fns), measure, policy_us, seconds, available_cores(), batches, candidates, default, **env_kwargs
+        list(env_fns),
+        measure,
+        policy_us,
+        seconds,
+        available_cores(),
+        batches=batches,
+        candidates=candidates,
+        default=default,
+        **env_kwargs,
     )
 
 

@@ -177,6 +177,7 @@ def choose(
     policy_us: float,
     seconds: float,
     cores: int,
+    *,
     batches: bool = True,
     candidates: list[Layout] | None = None,
     default: Layout | None = None,

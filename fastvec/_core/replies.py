@@ -53,15 +53,35 @@ class WorkerReplies:
         fatal meaning the worker is dead, silent or garbling (not just an env that raised).
         """
         failures: dict[int, tuple] = {}
+        self._await_all(workers, timeout, doing, waited, failures)
+        if slot is not None and not failures and len(workers) == self.num_workers:
+            # The common step: payload-less DONEs, infos (if any) in the table.
+            n_table = self._ctl.plain_step_replies(slot)
+            if n_table == 0:
+                return dict.fromkeys(range(self.num_workers)), failures
+            if n_table == self.num_workers:
+                return dict.fromkeys(range(self.num_workers), TABLE_REPORT), failures
+        results = {}
+        for w, reply in self._take_replies(workers, slot, doing, failures).items():
+            before = self._broken
+            try:
+                results.update(self._decode({w: reply}, doing))
+            except WorkerError as exc:
+                failures[w] = (exc, self._broken is not before)  # _decode marks garbage fatal
+                self._broken = before
+        return results, failures
+
+    def _lost(self, w: int, message: str) -> tuple:
+        """The failure of a dead, silent or garbling worker: ``(WorkerError, fatal)``."""
+        return WorkerError(message, worker=w, env_indices=self.envs_of(w).tolist()), True
+
+    def _await_all(self, workers, timeout, doing: str, waited: tuple | None, failures: dict) -> None:
+        """Wait until each of ``workers`` is done or has failed (into ``failures``)."""
         pending = [int(w) for w in workers]
         # Every worker (a step): the first wait takes the precomputed array.
         first = self._all_workers if len(pending) == self.num_workers else None
         deadline = None if timeout is None else time.monotonic() + timeout
         describe = self._sup.describe
-
-        def fail(w, message):
-            failures[w] = (WorkerError(message, worker=w, env_indices=self.envs_of(w).tolist()), True)
-
         try:
             while pending:
                 left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
@@ -74,53 +94,46 @@ class WorkerReplies:
                 if status == WaitResult.DONE:
                     break
                 if status == WaitResult.DIED:
-                    fail(w, self._sup.death_message(w, doing))
+                    failures[w] = self._lost(w, self._sup.death_message(w, doing))
                     pending.remove(w)
                     continue
                 if status == WaitResult.GARBLED:
-                    fail(w, f"{describe(w)} sent a malformed message while {doing}")
+                    failures[w] = self._lost(w, f"{describe(w)} sent a malformed message while {doing}")
                     pending.remove(w)
                     continue
                 for v in list(pending):  # WaitResult.TIMEOUT: every worker still silent has failed
                     if not self._ctl.is_done(v):
-                        fail(v, f"{describe(v)} did not answer within {timeout:g} s while {doing}")
+                        failures[v] = self._lost(v, f"{describe(v)} did not answer within {timeout:g} s while {doing}")
                         pending.remove(v)
         except KeyboardInterrupt:
             # Replies still in flight would be mistaken for later ones: give up on this engine.
             self._broken = "interrupted while waiting for the workers"
             raise
-        if slot is not None and not failures and len(workers) == self.num_workers:
-            # The common step: payload-less DONEs, infos (if any) in the table.
-            n_table = self._ctl.plain_step_replies(slot)
-            if n_table == 0:
-                return dict.fromkeys(range(self.num_workers)), failures
-            if n_table == self.num_workers:
-                return dict.fromkeys(range(self.num_workers), TABLE_REPORT), failures
+
+    def _take_replies(self, workers, slot: int | None, doing: str, failures: dict) -> dict:
+        """The raw reply of each of ``workers`` not failed yet: {w: (code, slot, arg,
+        payload)}; one unreadable, or for another slot than ``slot``, joins ``failures``."""
+        describe = self._sup.describe
         replies = {}
         for w in workers:
             w = int(w)
             if w in failures:
                 continue
             try:
-                replies[w] = self._ctl.reply(w)
+                reply = self._ctl.reply(w)
             except channel.PeerClosed:
-                fail(w, self._sup.death_message(w, doing))
+                failures[w] = self._lost(w, self._sup.death_message(w, doing))
                 continue
             except ValueError as exc:
-                fail(w, f"{describe(w)} sent a malformed message while {doing}: {exc}")
+                failures[w] = self._lost(w, f"{describe(w)} sent a malformed message while {doing}: {exc}")
                 continue
-            if slot is not None and replies[w][0] == P.REPLY_DONE and replies[w][1] != slot:
-                fail(w, f"{describe(w)} answered for slot {replies[w][1]} instead of {slot} while {doing}")
-                del replies[w]
-        results = {}
-        for w, reply in replies.items():
-            before = self._broken
-            try:
-                results.update(self._decode({w: reply}, doing))
-            except WorkerError as exc:
-                failures[w] = (exc, self._broken is not before)  # _decode marks garbage fatal
-                self._broken = before
-        return results, failures
+            if slot is not None and reply[0] == P.REPLY_DONE and reply[1] != slot:
+                failures[w] = self._lost(
+                    w, f"{describe(w)} answered for slot {reply[1]} instead of {slot} while {doing}"
+                )
+                continue
+            replies[w] = reply
+        return replies
 
     def _decode(self, replies: dict, doing: str) -> dict:
         """Unpickle payloads; raise the first env error once all replies are read.

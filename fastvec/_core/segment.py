@@ -189,7 +189,7 @@ class SegmentPlan:
 
 
 def plan_segment(
-    obs_space, act_space, num_slots: int, num_envs: int, num_workers: int = 0, ctl_cols: int = 0, info_cols: int = 0
+    obs_space, act_space, num_slots: int, num_envs: int, *, num_workers: int = 0, ctl_cols: int = 0, info_cols: int = 0
 ) -> SegmentPlan:
     """Lay out the ring (observations, final observations, actions, rewards, flags),
     after the control block of ``num_workers`` workers and each env's measured cost

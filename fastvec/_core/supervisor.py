@@ -20,7 +20,7 @@ from . import channel
 from . import protocol as P
 from .placement import envs_text
 from .segment import release_segment
-from .worker import worker_main
+from .worker import WorkerSpec, worker_main
 
 CLOSE_GRACE_S = 2.0
 
@@ -60,13 +60,14 @@ def shutdown(procs, conns, segment_box, grace: float) -> None:
 class Supervisor:
     """The worker processes of one engine. ``placement[w]`` holds the indices of the
     envs worker ``w`` runs (``fastvec._core.placement``); ``fds`` (an int array the
-    doorbells read in place) holds the parent's end of each worker's socket."""
+    doorbells read in place) holds the parent's end of each worker's socket. ``mode``:
+    the autoreset mode's ``protocol`` code; ``daemon``: start daemonic processes."""
 
-    def __init__(self, owner, ctx, env_fns: list, placement: list, num_envs: int, mode: int, daemon: bool = True):
+    def __init__(self, owner, ctx, env_fns: list, placement: list, *, mode: int, daemon: bool = True):
         self.ctx = ctx
         self.daemon = daemon
         self.env_fns = env_fns
-        self.num_envs = num_envs
+        self.num_envs = len(env_fns)
         self.mode = mode
         self.place(placement)
         n = len(placement)
@@ -96,19 +97,19 @@ class Supervisor:
             if self.ctx.get_start_method() == "fork"
             else []
         )
+        spec = WorkerSpec(
+            index=w,
+            fns_blob=self.blobs[w],
+            rows=self.placement[w],
+            num_envs=self.num_envs,
+            mode=self.mode,
+            main_pid=os.getpid(),
+            close_fds=close_fds,
+            probe_s=probe_s,
+        )
         proc = self.ctx.Process(
             target=worker_main,
-            args=(
-                w,
-                child,
-                self.blobs[w],
-                self.placement[w],
-                self.num_envs,
-                self.mode,
-                os.getpid(),
-                close_fds,
-                probe_s,
-            ),
+            args=(spec, child),
             name=f"fastvec-worker-{w}",
             # daemonic: multiprocessing ends it at exit, but it may not start processes
             # of its own; either way it watches its parent and exits with it.

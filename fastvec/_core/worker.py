@@ -6,6 +6,7 @@ Steps are served by the compiled loop in ``stepper.Stepper.serve``; everything r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import signal
@@ -16,6 +17,7 @@ import time
 import traceback
 
 import cloudpickle
+import numpy as np
 from gymnasium import spaces as gym_spaces
 
 from ..errors import cause_class_blob
@@ -24,7 +26,7 @@ from . import protocol as P
 from .infos import InfoPicklingError, dump_records, table_kind
 from .pickled import PickledRows, dumps
 from .segment import Ring, SegmentPlan, attach_segment, build_nested, leaves_of, pickled_arrays
-from .stepper import Stepper
+from .stepper import Stepper, StepperSetup
 
 _PARENT_POLL_S = 0.5
 
@@ -154,101 +156,155 @@ PROBE_ROUNDS = 4
 PROBE_MAX_ROUNDS = 2000
 
 
-def worker_main(index, conn, fns_blob, rows, num_envs, mode, main_pid, close_fds, probe_s=0.0):
-    """Worker ``index``: build envs ``rows`` (their factories pickled in ``fns_blob``),
-    attach the segment, serve. With ``probe_s > 0`` the envs in ``rows`` are first timed
-    on throwaway instances (``_probe``); the parent then sends ``CMD_BUILD`` with the
-    envs this worker runs (``fastvec._core.placement``)."""
-    # Ctrl-C goes to the whole process group; the parent decides what happens.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for fd in close_fds:  # fork: parent ends of other workers' sockets
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """What worker ``index`` starts from (``Supervisor.spawn`` makes one per start):
+    the factories of envs ``rows`` pickled in ``fns_blob``, ``num_envs`` in all,
+    autoreset ``mode`` (a ``protocol`` code), the main process to watch, the parent's
+    descriptors to close after a fork, and ``probe_s`` (> 0: time the envs first)."""
+
+    index: int
+    fns_blob: bytes
+    rows: np.ndarray
+    num_envs: int
+    mode: int
+    main_pid: int
+    close_fds: list[int]
+    probe_s: float = 0.0
+
+
+def worker_main(spec: WorkerSpec, conn) -> None:
+    """Worker ``spec.index``: build its envs, attach the segment, serve. With
+    ``spec.probe_s > 0`` the envs in ``spec.rows`` are first timed on throwaway
+    instances (``_probe``); the parent then sends ``CMD_BUILD`` with the envs this worker
+    runs (``fastvec._core.placement``)."""
+    _detach(spec)
     fd = conn.fileno()
-    threading.Thread(target=_watch_parent, args=(main_pid, os.getppid() == main_pid), daemon=True).start()
-
-    envs = []
-    segment = stepper = arrays = None
+    envs: list = []
     try:
-        if probe_s > 0:
-            costs = _probe(fd, cloudpickle.loads(fns_blob), rows, probe_s)
-            if costs is None:
+        rows, fns_blob = spec.rows, spec.fns_blob
+        if spec.probe_s > 0:
+            placed = _probe_then_place(fd, spec)
+            if placed is None:
                 return
-            channel.send_header(fd, P.REPLY_RESULT, 0, 0, pickle.dumps(costs))
-            cmd, _, _, n = channel.recv_header(fd)
-            if cmd != P.CMD_BUILD:
-                raise ValueError(f"expected the envs to build after a probe, got command {cmd}")
-            rows, fns_blob = pickle.loads(channel.recv_payload(fd, n))
-        fns = cloudpickle.loads(fns_blob)
-        for j, fn in enumerate(fns):
-            try:
-                envs.append(fn())
-            except BaseException as exc:
-                channel.send_header(fd, P.REPLY_ERROR, 0, 0, _error_payload(exc, int(rows[j]), "env creation"))
-                return
-        spaces = [
-            (
-                env.observation_space,
-                env.action_space,
-                dict(getattr(env, "metadata", {}) or {}),
-                getattr(env, "render_mode", None),
-                getattr(env, "spec", None),
-            )
-            for env in envs
-        ]
-        try:
-            channel.send_header(fd, P.REPLY_READY, 0, 0, dumps(spaces))
-        except Exception as exc:
-            channel.send_header(fd, P.REPLY_ERROR, 0, 0, _error_payload(exc, int(rows[0]), "sending spaces"))
+            rows, fns_blob = placed
+        if not _build_envs(fd, cloudpickle.loads(fns_blob), rows, envs) or not _send_spaces(fd, envs, rows):
             return
-
-        # Phase 2: the parent lays out the segment and tells us where it is.
-        _cmd, _, _, n = channel.recv_header(fd)  # CMD_SPACES
-        shm_name, entries, obs_space, act_space, spin_us = pickle.loads(channel.recv_payload(fd, n))
-        segment = attach_segment(shm_name)
-        arrays = SegmentPlan.from_entries(entries).arrays(segment)
-        arrays.update(pickled_arrays(obs_space, act_space, arrays["rewards"].shape[0], num_envs))
-        ring = Ring.of(arrays)
-        obs_leaves = leaves_of(obs_space, pickled=True)
-        stepper = Stepper(
-            envs,
-            rows,
-            num_envs,
-            mode,
-            ring.obs,
-            ring.final,
-            [leaf.path for leaf in obs_leaves],
-            ring.act,
-            act_space,
-            build_nested,
-            ring.rewards,
-            ring.terminated,
-            ring.truncated,
-            table_kind,
-            dump_records,
-            arrays.get("info_table"),
-            arrays.get("info_mask"),
-            [leaf.path for leaf in obs_leaves if isinstance(leaf.space, gym_spaces.Discrete) and not leaf.pickled],
-            arrays.get("final_pytype"),
-            arrays.get("env_cost"),
-        )
-        pickled = PickledRows.of(ring, obs_leaves, leaves_of(act_space, pickled=True))
-        if pickled is not None:
-            stepper.report_pickled = lambda slot, records, ended: pickled.step_report(slot, rows, records, ended)
-        chan = channel.WorkerChannel(arrays["ctl"], index, fd, spin_us)
+        # The parent lays out the segment and tells us where it is; the stepper holds the
+        # views (the mapping goes with the last of them, when this frame ends).
+        stepper, pickled, chan = _attach(fd, spec, envs, rows)
         channel.send_header(fd, P.REPLY_DONE, 0, 0)
-        _serve(chan, stepper, envs, rows, pickled)
+        _serve(chan, stepper, envs, rows, pickled=pickled)
     except channel.PeerClosed:
         pass  # the parent went away; nothing to answer
     finally:
         _close_all(envs)
-        # The mapping goes with the last view; the parent owns and unlinks the segment.
+        # The parent owns and unlinks the segment.
         conn.close()
 
 
-def _serve(chan, stepper, envs, rows, pickled) -> None:
+def _detach(spec: WorkerSpec) -> None:
+    """Leave Ctrl-C to the parent, close the other workers' sockets a fork handed us,
+    and watch the main process."""
+    # Ctrl-C goes to the whole process group; the parent decides what happens.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for fd in spec.close_fds:  # fork: parent ends of other workers' sockets
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    direct = os.getppid() == spec.main_pid
+    threading.Thread(target=_watch_parent, args=(spec.main_pid, direct), daemon=True).start()
+
+
+def _probe_then_place(fd: int, spec: WorkerSpec) -> tuple | None:
+    """Time the envs, send the costs, and receive the envs to build: ``(rows, fns_blob)``,
+    or None after reporting an env that failed."""
+    costs = _probe(fd, cloudpickle.loads(spec.fns_blob), spec.rows, spec.probe_s)
+    if costs is None:
+        return None
+    channel.send_header(fd, P.REPLY_RESULT, 0, 0, pickle.dumps(costs))
+    cmd, _, _, n = channel.recv_header(fd)
+    if cmd != P.CMD_BUILD:
+        raise ValueError(f"expected the envs to build after a probe, got command {cmd}")
+    return pickle.loads(channel.recv_payload(fd, n))
+
+
+def _build_envs(fd: int, fns: list, rows, envs: list) -> bool:
+    """Append each env ``fns`` make to ``envs`` (the caller closes them whatever
+    happens); False after reporting one that failed."""
+    for j, fn in enumerate(fns):
+        try:
+            envs.append(fn())
+        except BaseException as exc:
+            channel.send_header(fd, P.REPLY_ERROR, 0, 0, _error_payload(exc, int(rows[j]), "env creation"))
+            return False
+    return True
+
+
+def _send_spaces(fd: int, envs: list, rows) -> bool:
+    """Report each env's spaces, metadata, render mode and spec; False if they could not
+    be pickled (the error sent instead)."""
+    spaces = [
+        (
+            env.observation_space,
+            env.action_space,
+            dict(getattr(env, "metadata", {}) or {}),
+            getattr(env, "render_mode", None),
+            getattr(env, "spec", None),
+        )
+        for env in envs
+    ]
+    try:
+        channel.send_header(fd, P.REPLY_READY, 0, 0, dumps(spaces))
+    except Exception as exc:
+        channel.send_header(fd, P.REPLY_ERROR, 0, 0, _error_payload(exc, int(rows[0]), "sending spaces"))
+        return False
+    return True
+
+
+def _attach(fd: int, spec: WorkerSpec, envs: list, rows) -> tuple:
+    """Read ``CMD_SPACES`` (where the segment is, the spaces, the spin) and map the
+    segment: ``(Stepper, PickledRows or None, WorkerChannel)``."""
+    _cmd, _, _, n = channel.recv_header(fd)  # CMD_SPACES
+    shm_name, entries, obs_space, act_space, spin_us = pickle.loads(channel.recv_payload(fd, n))
+    arrays = SegmentPlan.from_entries(entries).arrays(attach_segment(shm_name))
+    arrays.update(pickled_arrays(obs_space, act_space, arrays["rewards"].shape[0], spec.num_envs))
+    ring = Ring.of(arrays)
+    obs_leaves = leaves_of(obs_space, pickled=True)
+    stepper = Stepper(
+        StepperSetup(
+            envs=envs,
+            rows=rows,
+            num_envs=spec.num_envs,
+            mode=spec.mode,
+            obs_leaves=ring.obs,
+            final_leaves=ring.final,
+            obs_paths=[leaf.path for leaf in obs_leaves],
+            act_leaves=ring.act,
+            act_space=act_space,
+            rewards=ring.rewards,
+            terminated=ring.terminated,
+            truncated=ring.truncated,
+            build_nested=build_nested,
+            kind_of=table_kind,
+            dump_records=dump_records,
+            info_table=arrays.get("info_table"),
+            info_mask=arrays.get("info_mask"),
+            int_paths=[
+                leaf.path for leaf in obs_leaves if isinstance(leaf.space, gym_spaces.Discrete) and not leaf.pickled
+            ],
+            final_pytype=arrays.get("final_pytype"),
+            cost=arrays.get("env_cost"),
+        )
+    )
+    pickled = PickledRows.of(ring, obs_leaves, leaves_of(act_space, pickled=True))
+    if pickled is not None:
+        stepper.report_pickled = lambda slot, records, ended: pickled.step_report(slot, rows, records, ended)
+    return stepper, pickled, channel.WorkerChannel(arrays["ctl"], spec.index, fd, spin_us)
+
+
+def _serve(chan, stepper, envs, rows, *, pickled) -> None:
     """Answer commands until the parent closes the socket; ``rows[j]``: local env j's index."""
     while True:
         try:
@@ -273,7 +329,7 @@ def _serve(chan, stepper, envs, rows, pickled) -> None:
             chan.reply(P.REPLY_ERROR, 0, _error_payload(exc, env_index, during))
             continue
         if cmd == P.CMD_RESET:
-            _reset(chan, stepper, envs, rows, slot, payload, pickled)
+            _reset(chan, stepper, envs, rows, slot, payload, pickled=pickled)
         elif cmd == P.CMD_CALL:
             _call(chan, envs, rows, payload)
         else:
@@ -282,7 +338,7 @@ def _serve(chan, stepper, envs, rows, pickled) -> None:
             )
 
 
-def _reset(chan, stepper, envs, rows, slot, payload, pickled) -> None:
+def _reset(chan, stepper, envs, rows, slot, payload, *, pickled) -> None:
     # payload: list of (local_index, kwargs for env.reset)
     infos = []
     j = -1

@@ -8,7 +8,10 @@ import ray
 
 from ..errors import WorkerError, load_cause_class, worker_error
 
-__all__ = ["ActorCalls"]
+__all__ = ["ActorCalls", "CLOSE_GRACE_S"]
+
+# How long closing waits for the actors: what is in flight, then their own close.
+CLOSE_GRACE_S = 5.0
 
 
 class ActorCalls:

@@ -10,6 +10,7 @@ their encoding: this module knows nothing of the front doors' formats.
 """
 import pickle
 
+cimport cython
 cimport numpy as cnp
 from libc.string cimport memcpy
 
@@ -47,8 +48,45 @@ cdef inline bint _fast_copy(object dest, Py_ssize_t row, object value):
     return True
 
 
+@cython.dataclasses.dataclass(frozen=True, kw_only=True)
+cdef class StepperSetup:
+    """What a ``Stepper`` is built from, read once by its constructor into typed fields
+    (the step loop never looks anything up here).
+
+    ``envs`` and ``rows``: the worker's envs and the global index of each (the row its
+    results go to). ``obs_leaves``/``final_leaves``/``act_leaves``: the ring's arrays
+    (``[num_slots, num_envs, *leaf_shape]``, ``fastvec._core.segment.Ring``), with
+    ``rewards``, ``terminated`` and ``truncated``; ``obs_paths``: each observation leaf's
+    path in a Dict/Tuple observation. ``build_nested`` rebuilds a nested action,
+    ``kind_of`` sorts info values into table columns and ``dump_records`` pickles the
+    infos that do not fit (``fastvec._core.infos``). The rest are the segment's optional
+    arrays: the info table and its mask, the final observations' int marks
+    (``final_pytype``, with the Discrete leaves' ``int_paths``) and each env's cost.
+    """
+    envs: list
+    rows: object
+    num_envs: int
+    mode: int
+    obs_leaves: list
+    final_leaves: list
+    obs_paths: list
+    act_leaves: list
+    act_space: object
+    rewards: object
+    terminated: object
+    truncated: object
+    build_nested: object
+    kind_of: object
+    dump_records: object
+    info_table: object = None
+    info_mask: object = None
+    int_paths: list = None
+    final_pytype: object = None
+    cost: object = None
+
+
 cdef class Stepper:
-    """A worker's envs and its views of the shared arrays.
+    """A worker's envs and its views of the shared arrays, built from a ``StepperSetup``.
 
     ``obs_leaves``/``final_leaves``/``act_leaves`` are lists of arrays shaped
     ``[num_slots, num_envs, *leaf_shape]``; ``obs_paths`` gives each observation leaf's
@@ -89,51 +127,48 @@ cdef class Stepper:
     cdef public list schema_list
     cdef public bint schema_dirty
 
-    def __init__(self, list envs, object rows, int num_envs, int mode, list obs_leaves,
-                 list final_leaves, list obs_paths, list act_leaves, object act_space,
-                 object build_nested, object rewards, object terminated, object truncated,
-                 object kind_of, object dump_records, object info_table=None, object info_mask=None,
-                 list int_paths=None, object final_pytype=None, object cost=None):
-        self.envs = envs
-        self.n_local = len(envs)
-        self.rows = np.ascontiguousarray(rows, dtype=np.intc)
+    def __init__(self, StepperSetup setup):
+        self.envs = setup.envs
+        self.n_local = len(setup.envs)
+        self.rows = np.ascontiguousarray(setup.rows, dtype=np.intc)
         if self.rows.shape[0] != self.n_local:
             raise ValueError(f"{self.n_local} envs but {self.rows.shape[0]} rows")
-        self.timed = cost is not None
+        self.timed = setup.cost is not None
         if self.timed:
-            self.cost = cost
-        self.num_envs = num_envs
-        self.mode = mode
-        self.obs_leaves = obs_leaves
-        self.final_leaves = final_leaves
-        self.obs_paths = obs_paths
-        self.single_obs = len(obs_leaves) == 1 and len(obs_paths[0]) == 0
-        self.act_leaves = act_leaves
-        self.act_space = act_space
-        self.build_nested = build_nested
-        self.kind_of = kind_of  # type -> True (int64 cell), False (float64 cell), None (not a column)
-        self.dump_records = dump_records  # records -> the pickled report of a step
+            self.cost = setup.cost
+        self.num_envs = setup.num_envs
+        self.mode = setup.mode
+        self.obs_leaves = setup.obs_leaves
+        self.final_leaves = setup.final_leaves
+        self.obs_paths = setup.obs_paths
+        self.single_obs = len(self.obs_leaves) == 1 and len(self.obs_paths[0]) == 0
+        self.act_leaves = setup.act_leaves
+        self.act_space = setup.act_space
+        self.build_nested = setup.build_nested
+        self.kind_of = setup.kind_of  # type -> True (int64 cell), False (float64 cell), None (not a column)
+        self.dump_records = setup.dump_records  # records -> the pickled report of a step
         # A single non-nested action leaf: hand the env a scalar (Discrete) or a row copy.
-        self.act_simple = len(act_leaves) == 1 and (<cnp.ndarray>act_leaves[0]).ndim >= 2 \
-            and not hasattr(act_space, "spaces")
-        self.act_scalar = self.act_simple and (<cnp.ndarray>act_leaves[0]).ndim == 2
-        self.rewards = rewards
-        self.terminated = terminated.view(np.uint8)
-        self.truncated = truncated.view(np.uint8)
+        self.act_simple = len(self.act_leaves) == 1 and (<cnp.ndarray>self.act_leaves[0]).ndim >= 2 \
+            and not hasattr(self.act_space, "spaces")
+        self.act_scalar = self.act_simple and (<cnp.ndarray>self.act_leaves[0]).ndim == 2
+        self.rewards = setup.rewards
+        self.terminated = setup.terminated.view(np.uint8)
+        self.truncated = setup.truncated.view(np.uint8)
         self.needs_reset = np.zeros(self.n_local, dtype=np.uint8)
         self._needs_reset = self.needs_reset
         self.current = -1
         self.report_pickled = None
-        self.int_paths = int_paths[:32] if int_paths and final_pytype is not None else None
+        int_paths = setup.int_paths
+        self.int_paths = int_paths[:32] if int_paths and setup.final_pytype is not None else None
         if self.int_paths is not None:
-            self.final_pytype = final_pytype
+            self.final_pytype = setup.final_pytype
         self.schema = {}
         self.schema_list = []
         self.schema_dirty = False
-        if info_table is not None:
-            self.info_f = info_table
-            self.info_i = info_table.view(np.int64)
-            self.info_mask = info_mask
+        if setup.info_table is not None:
+            self.info_f = setup.info_table
+            self.info_i = setup.info_table.view(np.int64)
+            self.info_mask = setup.info_mask
 
     cdef int _table(self, list records, int slot) except -1:
         """Write flat numeric step infos into the info table; 1 if every record fit,
