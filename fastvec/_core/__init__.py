@@ -18,6 +18,8 @@ Compiled (Cython, sources in ``csrc/fastvec/_core/``):
 Python:
 
 - ``base``: ``EngineBase``, what every engine does on its caller's side;
+- ``startup``, ``batch_groups``, ``resets_calls``: ``Engine``'s start-up (spawn, probe,
+  place, lay out the segment, replace a worker), its batch groups, its resets and calls;
 - ``segment``: how spaces map onto one shared-memory segment; creating, attaching and
   freeing it;
 - ``actions``: validating a batch of actions before anything is sent;
@@ -26,5 +28,5 @@ Python:
 - ``replies``: every worker's reply to a command, waited for, read and decoded;
 - ``placement``: which envs each worker runs, and ``PlacementReport``;
 - ``supervisor``: starting, watching, replacing and stopping worker processes;
-- ``worker``: the worker process.
+- ``worker``: the worker process (``WorkerSpec``, what it starts from).
 """

@@ -29,6 +29,8 @@ class BatchGroups:
     """``Engine``'s steps of some workers at a time (uses ``_ctl``, the doorbells, and
     the step path's ``_collect``, ``_finish_step`` and ``_result``)."""
 
+    _pending_groups: dict | None  # EngineBase's: {worker: slot} of the steps in flight
+
     def group_send(self, workers: np.ndarray, envs: tuple, arrays: list, writer: ActionWriter, slot: int) -> None:
         """Start a step of ``workers`` (the whole workers running envs ``[a, b)``) on
         ``arrays``, the actions of those envs checked by ``writer``, writing into ``slot``;

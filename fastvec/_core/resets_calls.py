@@ -23,6 +23,8 @@ class ResetsAndCalls:
     """``Engine``'s commands other than a step (uses ``_ctl``, the doorbells;
     ``_env_worker``/``_env_local``, where each env runs; ``WorkerReplies._gather``)."""
 
+    _pending_cmd: tuple | None  # EngineBase's: the reset or call sent, not yet waited for
+
     def reset_async(self, slot: int, kwargs_per_env: dict[int, dict]) -> None:
         """Send the resets of ``reset`` (``reset_wait`` collects them)."""
         self._check_usable()

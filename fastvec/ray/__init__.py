@@ -40,7 +40,7 @@ The package:
 - ``actor``: the actor, a node-local ``Engine`` over its envs;
 - ``calls``: calls to the actors, and the errors of the failures they report;
 - ``transport``: a step's dispatch and collection, per actor;
-- ``engine``: ``RayEngine``;
+- ``engine``: ``RayEngine``, with its resets and calls in ``resets_calls``;
 - ``doors``: the two front doors over it.
 """
 
