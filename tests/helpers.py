@@ -1,4 +1,5 @@
-"""Comparison helpers shared by the equivalence tests."""
+"""Helpers shared by the test files: comparisons for the equivalence tests, a training
+run's clock."""
 
 from __future__ import annotations
 
@@ -99,3 +100,27 @@ def count_builds(monkeypatch, name: str) -> list:
 
     monkeypatch.setattr(E, name, counting)
     return built
+
+
+def run_clock(monkeypatch) -> list:
+    """Wrap a training run's clock (``fastvec.train.run.loop.Run.wall``): the returned
+    list gets ``(phase, wall_before, seconds)`` per reading, the run's phase at the time
+    ("safe point": its stop check), the wall time it resumed from (0 for a new run) and
+    the reading, counted over resumes."""
+    from fastvec.train.run.loop import Run
+
+    readings: list = []
+    wall = Run.wall
+
+    def reading(self, now):
+        seconds = wall(self, now)
+        readings.append((self.phase, self.wall_before, seconds))
+        return seconds
+
+    monkeypatch.setattr(Run, "wall", reading)
+    return readings
+
+
+def stop_checks(readings: list) -> list:
+    """The readings of ``run_clock`` a run's stop checks made, one per safe point."""
+    return [seconds for phase, _before, seconds in readings if phase == "safe point"]

@@ -8,9 +8,9 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastvec.train.model.distributions import CategoricalDist
 from fastvec.train.algo.optim import flatten_parameters
 from fastvec.train.model.actor_critic import ACTIVATIONS, make_policy
+from fastvec.train.model.distributions import CategoricalDist
 
 N_DRAWS = 200_000
 P_MIN = 1e-4  # a correct sampler fails a check with at most this probability, whatever the seed

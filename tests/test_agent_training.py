@@ -19,11 +19,11 @@ from test_agents import Reference, random_actions
 
 from fastvec.bench import main as bench_main
 from fastvec.train import PPO, PPOConfig, apply_overrides, preset_for, run_training
-from fastvec.train.storage.agent_rows import AgentStorage
 from fastvec.train.algo.checkpoints import load_checkpoint
+from fastvec.train.algo.statistics import EpisodeTracker
 from fastvec.train.commands.cli import main as cli_main
 from fastvec.train.commands.launch import build_storage
-from fastvec.train.algo.statistics import EpisodeTracker
+from fastvec.train.storage.agent_rows import AgentStorage
 
 DWINDLE = "pettingzoo:test_agents:Dwindle"
 

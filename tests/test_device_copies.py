@@ -24,8 +24,8 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from fastvec.train import PPO, EngineStorage, HostPin, PPOConfig
 from fastvec.train.compute import pinned
 from fastvec.train.compute.busy import DeviceBusy
-from fastvec.train.model.distributions import GaussianDist
 from fastvec.train.model.actor_critic import make_policy
+from fastvec.train.model.distributions import GaussianDist
 from fastvec.train.storage.rollout import Rollout
 from fastvec.train.storage.sources import GymVectorStorage
 

@@ -20,9 +20,9 @@ import torch
 from fastvec.engine import Engine
 from fastvec.train import PPO, ConfigError, EngineStorage, PPOConfig, apply_overrides
 from fastvec.train.algo.checkpoints import load_checkpoint, policy_from_checkpoint, save_checkpoint
+from fastvec.train.algo.optim import LRSchedule, adapt_lr, mean_kl
 from fastvec.train.commands.cli import main as cli_main
 from fastvec.train.commands.cli import run_training
-from fastvec.train.algo.optim import LRSchedule, adapt_lr, mean_kl
 from fastvec.train.config.overrides import FIELD_KINDS, check_resume_config
 from fastvec.train.config.presets import env_factory, preset_for
 from fastvec.train.run.loop import resume_seed

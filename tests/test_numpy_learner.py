@@ -15,10 +15,10 @@ import torch
 from gymnasium import spaces
 
 from fastvec.train import PPO, ConfigError, PPOConfig
-from fastvec.train.model.distributions import GaussianDist
 from fastvec.train.algo.minibatch import NumpyLearner
 from fastvec.train.algo.optim import flatten_parameters
 from fastvec.train.model.actor_critic import make_policy
+from fastvec.train.model.distributions import GaussianDist
 
 OBS = spaces.Box(-np.inf, np.inf, (7,), np.float32)
 
@@ -233,7 +233,9 @@ def test_learners_track_each_other_on_cartpole():
                 ppo.collect()
                 ppo.prepare()
                 ppo.update()
-                ppo.rollout.obs[0].copy_(ppo.rollout.obs[cfg.n_steps])  # as fastvec.train.pipelines.lockstep's LockStep does
+                ppo.rollout.obs[0].copy_(
+                    ppo.rollout.obs[cfg.n_steps]
+                )  # as fastvec.train.pipelines.lockstep's LockStep does
                 params[learner].append(ppo.flat_param.detach().clone())
         finally:
             venv.close()
@@ -249,4 +251,5 @@ def test_a_linear_policy_acts_and_learns():
 
     cfg = PPOConfig(num_envs=4, num_workers=1, n_steps=16, total_steps=256, hidden=(), device="cpu")
     res = run_training("CartPole-v1", cfg, progress=False, tensorboard=False, save=False)
-    assert res["env_steps"] == 256 and res["learner"] == "numpy" and res["grad_steps"] > 0
+    assert res["env_steps"] == 256 and res["learner"] == "numpy" and res["updates"] == 3
+    assert res["grad_steps"] == 3 * cfg.n_epochs  # each rollout's 64 samples: one minibatch an epoch

@@ -28,11 +28,11 @@ from fastvec.engine import Engine
 from fastvec.train import PPO, EngineStorage, LearnerError, PPOConfig, apply_overrides, load_checkpoint
 from fastvec.train.commands.cli import main as cli_main
 from fastvec.train.commands.cli import run_training
-from fastvec.train.config.settings import ConfigError
-from fastvec.train.pipelines.watch import LearnerLink
-from fastvec.train.pipelines.collector import Pipeline
 from fastvec.train.config.presets import preset_for
+from fastvec.train.config.settings import ConfigError
+from fastvec.train.pipelines.collector import Pipeline
 from fastvec.train.pipelines.ring import RingSection
+from fastvec.train.pipelines.watch import LearnerLink
 
 
 def _run(tmp_path, name, cfg, **kw):

@@ -19,9 +19,9 @@ from fastvec.train import PPO, ConfigError, EngineStorage, PPOConfig, apply_over
 from fastvec.train.algo.checkpoints import policy_from_checkpoint
 from fastvec.train.commands.cli import main as cli_main
 from fastvec.train.commands.cli import run_training as train
-from fastvec.train.model.distributions import CategoricalDist, GaussianDist
-from fastvec.train.model.actor_critic import make_policy
 from fastvec.train.config.presets import PRESETS, env_factory, preset_for
+from fastvec.train.model.actor_critic import make_policy
+from fastvec.train.model.distributions import CategoricalDist, GaussianDist
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

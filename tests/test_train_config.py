@@ -30,8 +30,8 @@ from fastvec.train import (
 )
 from fastvec.train.commands.cli import _train_parser
 from fastvec.train.commands.cli import main as cli_main
-from fastvec.train.config.settings import TRANSPORT_KEYS
 from fastvec.train.config.overrides import FIELD_KINDS, SAFE_ON_RESUME, check_resume_config
+from fastvec.train.config.settings import TRANSPORT_KEYS
 from fastvec.train.storage.sources import RayEngineStorage
 
 # A checkpoint's config as fastvec wrote it before the transport settings had a class

@@ -17,11 +17,11 @@ import torch
 from envs import CostEnv
 
 from fastvec.train import ConfigError, PPOConfig, load_checkpoint
+from fastvec.train.algo.statistics import EpisodeTracker
 from fastvec.train.commands.cli import main
 from fastvec.train.commands.cli import run_training as train
 from fastvec.train.commands.evaluate import evaluate
 from fastvec.train.config.mix import counted_total, describe_mix, parse_group, resolve_mix
-from fastvec.train.algo.statistics import EpisodeTracker
 
 COST_ID = "FastvecTest/Cost-v0"
 if COST_ID not in gym.registry:  # the workers fork, so they know it too
