@@ -1,5 +1,5 @@
-"""Helpers shared by the test files: comparisons for the equivalence tests, a training
-run's clock."""
+"""Helpers shared by the test files: comparisons for the equivalence tests; for the
+trainer's, its zero-copy storage, a run's clock and one-line errors."""
 
 from __future__ import annotations
 
@@ -124,3 +124,23 @@ def run_clock(monkeypatch) -> list:
 def stop_checks(readings: list) -> list:
     """The readings of ``run_clock`` a run's stop checks made, one per safe point."""
     return [seconds for phase, _before, seconds in readings if phase == "safe point"]
+
+
+def engine_storage(env_fns, num_slots, num_workers):
+    """The trainer's zero-copy storage over a forked engine, as ``fastvec train`` builds it."""
+    from fastvec.engine import Engine
+    from fastvec.train import EngineStorage
+
+    return EngineStorage(
+        Engine(env_fns, num_workers=num_workers, num_slots=num_slots, autoreset_mode="same_step", context="fork")
+    )
+
+
+def one_line_error(capsys, code, expect):
+    """A command's failure (``code``) as a user sees it: ``expect`` in one line of
+    stderr, no traceback."""
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    assert expect in err, err
