@@ -32,7 +32,7 @@ learners
     engine: wall time and env steps to solve CartPole-v1 and InvertedPendulum-v5, the
     mean return of HalfCheetah-v5 after 200k steps, and the learner's own time. The two
     compute the same loss and gradient up to float rounding
-    (``tests/test_numpy_learner.py``), so they should learn alike; this checks it.
+    (``tests/test_train_numpy_learner.py``), so they should learn alike; this checks it.
 transports
     The same trainer and seed on gymnasium's SyncVectorEnv, on a classic one-Pipe-per-env
     SubprocVecEnv (baselines style) and on fastvec: wall time to solve CartPole and

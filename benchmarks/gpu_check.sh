@@ -33,7 +33,7 @@ gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,nohea
 
 # 1. CUDA tests
 t0=$(date +%s)
-tests=$(timeout 150 $py -m pytest -q -p no:cacheprovider tests/test_ppo.py tests/test_train_groups.py tests/test_pipeline.py -k cuda 2>&1 | tail -1)
+tests=$(timeout 150 $py -m pytest -q -p no:cacheprovider tests/test_train_cuda.py tests/test_train_groups.py tests/test_train_pipeline.py -k cuda 2>&1 | tail -1)
 t_tests=$(( $(date +%s) - t0 ))
 
 # 2. random actions, the engine's speed
@@ -100,7 +100,7 @@ fi
   echo
   echo "| check | result |"
   echo "|---|---|"
-  echo "| CUDA tests (\`tests/test_ppo.py -k cuda\`, ${t_tests} s) | $tests |"
+  echo "| CUDA tests (\`tests/test_train_cuda.py -k cuda\`, ${t_tests} s) | $tests |"
   echo "| Pong x16, random actions, lock-step (env steps/s) | $random_sps |"
   echo "| \`fastvec train ALE/Pong-v5 --device cuda\`, 16 envs, 100k steps, lock-step (${lock_s} s), env steps/s | $lock_sps |"
   echo "| training / random actions (goal >= 0.6x), lock-step | $lock_ratio |"

@@ -1,4 +1,5 @@
-"""Comparison helpers shared by the equivalence tests."""
+"""Helpers shared by the test files: comparisons for the equivalence tests; for the
+trainer's, its zero-copy storage, a run's clock and one-line errors."""
 
 from __future__ import annotations
 
@@ -99,3 +100,47 @@ def count_builds(monkeypatch, name: str) -> list:
 
     monkeypatch.setattr(E, name, counting)
     return built
+
+
+def run_clock(monkeypatch) -> list:
+    """Wrap a training run's clock (``fastvec.train.run.loop.Run.wall``): the returned
+    list gets ``(phase, wall_before, seconds)`` per reading, the run's phase at the time
+    ("safe point": its stop check), the wall time it resumed from (0 for a new run) and
+    the reading, counted over resumes."""
+    from fastvec.train.run.loop import Run
+
+    readings: list = []
+    wall = Run.wall
+
+    def reading(self, now):
+        seconds = wall(self, now)
+        readings.append((self.phase, self.wall_before, seconds))
+        return seconds
+
+    monkeypatch.setattr(Run, "wall", reading)
+    return readings
+
+
+def stop_checks(readings: list) -> list:
+    """The readings of ``run_clock`` a run's stop checks made, one per safe point."""
+    return [seconds for phase, _before, seconds in readings if phase == "safe point"]
+
+
+def engine_storage(env_fns, num_slots, num_workers):
+    """The trainer's zero-copy storage over a forked engine, as ``fastvec train`` builds it."""
+    from fastvec.engine import Engine
+    from fastvec.train import EngineStorage
+
+    return EngineStorage(
+        Engine(env_fns, num_workers=num_workers, num_slots=num_slots, autoreset_mode="same_step", context="fork")
+    )
+
+
+def one_line_error(capsys, code, expect):
+    """A command's failure (``code``) as a user sees it: ``expect`` in one line of
+    stderr, no traceback."""
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    assert expect in err, err

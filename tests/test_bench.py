@@ -4,6 +4,7 @@ project's own benchmarks, in ``benchmarks/``, are tested in test_benchmarks.py.)
 
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -25,12 +26,36 @@ def test_bench_measures_both_vector_envs(capsys):
     assert fast.rstrip().endswith(")") and "x (" in fast
 
 
-def test_run_returns_every_round():
+def test_run_returns_every_round(monkeypatch):
+    """Against a clock that only the vector envs' steps move (1 ms a step of
+    SyncVectorEnv, 0.25 ms of fastvec's), each round's figure is exactly its timed steps
+    x envs over their time, so only the timed steps count (not the reset, nor the
+    warm-up), and the ratio is 4 in every round; the rounds alternate which goes first."""
+    import gymnasium as gym
+
+    import fastvec
+    from fastvec import bench
+
+    clock = {"now": 0.0}
+    order = []
+    for cls, key, tick in ((gym.vector.SyncVectorEnv, "sync", 1e-3), (fastvec.AsyncVectorEnv, "fastvec", 2.5e-4)):
+
+        def step(self, actions, _step=cls.step, _tick=tick):
+            clock["now"] += _tick
+            return _step(self, actions)
+
+        def reset(self, *args, _reset=cls.reset, _key=key, **kwargs):
+            order.append(_key)  # each measurement resets its fresh vector env once
+            return _reset(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "step", step)
+        monkeypatch.setattr(cls, "reset", reset)
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
     res = run("CartPole-v1", num_envs=3, steps=20, repeats=3)
     assert res["repeats"] == 3 and res["num_envs"] == 3
-    assert len(res["sps"]["sync"]) == len(res["sps"]["fastvec"]) == len(res["ratios"]) == 3
-    assert all(v > 0 for key in ("sync", "fastvec") for v in res["sps"][key])
-    assert res["ratios"] == pytest.approx([f / s for f, s in zip(res["sps"]["fastvec"], res["sps"]["sync"])])
+    assert res["sps"] == {"sync": [pytest.approx(3 / 1e-3)] * 3, "fastvec": [pytest.approx(3 / 2.5e-4)] * 3}
+    assert res["ratios"] == [pytest.approx(4.0)] * 3
+    assert order == ["sync", "fastvec", "fastvec", "sync", "sync", "fastvec"]
 
 
 @pytest.mark.parametrize(

@@ -206,6 +206,43 @@ def test_transport_is_safe_to_change_on_resume():
         check_resume_config(run, new)
 
 
+def test_overrides_parse_types_and_reject_bad_input():
+    cfg = apply_overrides(
+        PPOConfig(),
+        [
+            "lr=1e-3",
+            "n_steps=64",
+            "hidden=32,16",
+            "anneal_lr=false",
+            "target_kl=none",
+            "clip_vf=0.2",
+            "num_workers=none",
+            "total_steps=1e5",
+        ],
+    )
+    assert cfg.lr == 1e-3 and cfg.n_steps == 64 and cfg.hidden == (32, 16) and cfg.anneal_lr is False
+    assert cfg.target_kl is None and cfg.clip_vf == 0.2 and cfg.num_workers is None and cfg.total_steps == 100000
+    with pytest.raises(ConfigError, match="unknown --set key 'learning_rate'"):
+        apply_overrides(PPOConfig(), ["learning_rate=1"])
+    with pytest.raises(ConfigError, match="bad value for n_steps"):
+        apply_overrides(PPOConfig(), ["n_steps=abc"])
+    with pytest.raises(ConfigError, match="bad value for n_steps"):
+        apply_overrides(PPOConfig(), ["n_steps=1.5"])
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_overrides(PPOConfig(), ["lr"])
+    with pytest.raises(ConfigError, match="gamma"):
+        apply_overrides(PPOConfig(), ["gamma=2"]).validate()
+    with pytest.raises(ConfigError, match="n_steps"):
+        apply_overrides(PPOConfig(), ["n_steps=0"]).validate()
+    assert apply_overrides(PPOConfig(), ["step_timeout=none"]).validate().step_timeout is None
+    assert apply_overrides(PPOConfig(), ["step_timeout=30"]).validate().step_timeout == 30.0
+    for bad in ("0", "-1", "inf"):
+        with pytest.raises(ConfigError, match="step_timeout must be a positive number or none"):
+            apply_overrides(PPOConfig(), [f"step_timeout={bad}"]).validate()
+    with pytest.raises(ConfigError, match="bad value for step_timeout"):
+        apply_overrides(PPOConfig(), ["step_timeout=nan"])
+
+
 # =============================================================================== the storage protocol
 def _same_step_venv(n=2):
     return gym.vector.SyncVectorEnv(

@@ -12,7 +12,7 @@ What it computes is exactly the torch path's loss (``PPO.update``): the clipped 
 objective, the (optionally clipped) value loss with its 0.5 factor, the entropy bonus.
 Where torch's ``minimum``/``maximum`` meet a tie they split the gradient in halves, and
 ``clamp`` passes it at its bounds; the derivatives below do the same, so the two agree up
-to float rounding (``tests/test_numpy_learner.py`` checks them against autograd in float64).
+to float rounding (``tests/test_train_numpy_learner.py`` checks them against autograd in float64).
 The gradient is written into the policy's flat gradient (``flatten_parameters``), so
 clipping and the optimiser step stay ``PPO.update``'s own.
 

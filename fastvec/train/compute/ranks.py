@@ -15,7 +15,7 @@ a replica of the policy. The ranks stay one run by three rules:
   the minibatch's samples) before it is clipped and applied, so the replicas stay equal.
 
 Then N ranks of E envs compute what one rank of N E envs computes, up to float rounding
-(``tests/test_ranks.py``). ``SOLO`` is the one-rank run: every reduction is the identity
+(``tests/test_train_ranks.py``). ``SOLO`` is the one-rank run: every reduction is the identity
 and nothing else changes. The collectives run on gloo (CPU) or NCCL (one CUDA device per
 local rank); ``t_reduce`` counts the time spent in them.
 """

@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from test_resume import _assert_nothing_left, _child_env, _train_cmd, _wait_for, cartpole_cfg
+from test_train_resume import _assert_nothing_left, _child_env, _train_cmd, _wait_for, cartpole_cfg
 
 from fastvec.engine import Engine
 from fastvec.train import PPO, EngineStorage, LearnerError, PPOConfig, apply_overrides, load_checkpoint

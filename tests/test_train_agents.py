@@ -179,7 +179,7 @@ def test_an_lstm_over_agent_rows_remembers_each_agent_episode_alone():
     the rollout's value and old log-prob equal the policy stepped through that agent's
     own episode alone (its acted observations only, from a zero state): no memory
     crosses from one agent episode into the next, nor through the steps a row idles."""
-    from test_recurrent import _stepwise
+    from test_train_recurrent import _stepwise
 
     cfg = _config("policy_core=lstm", "core_size=8", "normalize_obs=false", T=16)
     storage = build_storage(DWINDLE, cfg)
@@ -375,7 +375,7 @@ def test_async_at_lag_0_is_the_lockstep_run_on_agent_rows(tmp_path, core):
     """``pipeline=async`` with ``max_policy_lag=0`` over Dwindle's rows: the learner
     process sees the ring as the same rows (``agent_views``) and the run ends with the
     lock-step run's weights, optimiser state and statistics, bit for bit."""
-    from test_pipeline import _assert_same_run, _run
+    from test_train_pipeline import _assert_same_run, _run
 
     def make(**c):
         over = ["total_steps=2304", "n_steps=32", "minibatch_size=96", "normalize_reward=true", "torch_threads=1"]

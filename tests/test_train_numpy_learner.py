@@ -251,4 +251,5 @@ def test_a_linear_policy_acts_and_learns():
 
     cfg = PPOConfig(num_envs=4, num_workers=1, n_steps=16, total_steps=256, hidden=(), device="cpu")
     res = run_training("CartPole-v1", cfg, progress=False, tensorboard=False, save=False)
-    assert res["env_steps"] == 256 and res["learner"] == "numpy" and res["grad_steps"] > 0
+    assert res["env_steps"] == 256 and res["learner"] == "numpy" and res["updates"] == 3
+    assert res["grad_steps"] == 3 * cfg.n_epochs  # each rollout's 64 samples: one minibatch an epoch

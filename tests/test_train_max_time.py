@@ -1,8 +1,9 @@
 """``fastvec train --max-time`` (``PPOConfig.max_seconds``): a run stopped by wall time.
 
 References: the run stopped by time against the same run told, in env steps, to stop
-where it stopped (the same weights bit for bit: the time limit moves no schedule); its
-resume against its own counters; the duration parser against hand-worked values.
+where it stopped (the same weights bit for bit: the time limit moves no schedule), and
+against its own clock's readings at each safe point; its resume against its own counters
+and its checkpoint's wall time; the duration parser against hand-worked values.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 
 import pytest
 import torch
+from helpers import run_clock, stop_checks
 
 from fastvec.train.algo.checkpoints import load_checkpoint
 from fastvec.train.commands.cli import duration
@@ -30,16 +32,21 @@ def _weights(run_dir) -> dict:
     return load_checkpoint(str(run_dir / "checkpoint.pt"))["state_dict"]
 
 
-def test_max_time_stops_the_run_where_a_shorter_budget_would(tmp_path, capsys):
-    """Stopped by time after k updates, the run has learned exactly what the run told
-    k + 1 rollouts learns (its last rollout is collected, not learned): same weights."""
+def test_max_time_stops_the_run_where_a_shorter_budget_would(tmp_path, capsys, monkeypatch):
+    """Stopped by time after k updates, at the first safe point whose clock read 1.5 s
+    or more (every earlier one read less: it ran while it had time), the run has learned
+    exactly what the run told k + 1 rollouts learns (its last rollout is collected, not
+    learned): same weights."""
+    clock = run_clock(monkeypatch)
     timed = _train(
         capsys,
         ["CartPole-v1", "--total-steps", "1e8", "--max-time", "1.5", "--logdir", str(tmp_path / "timed"), *SCHEDULE]
         + QUIET,
     )
     assert timed["out_of_time"] is True and timed["interrupted"] is False
-    assert 1.5 <= timed["wall_seconds"] < 10
+    assert timed["wall_seconds"] < 10  # not a hang
+    checks = stop_checks(clock)
+    assert len(checks) == timed["updates"] + 1 and all(c < 1.5 for c in checks[:-1]) and checks[-1] >= 1.5, checks
     steps = timed["env_steps"]
     assert steps % BATCH == 0 and 0 < steps < 10**8
     assert timed["updates"] == steps // BATCH  # it stopped at a safe point: every rollout learned
@@ -61,15 +68,34 @@ def test_max_time_stops_the_run_where_a_shorter_budget_would(tmp_path, capsys):
     assert other["updates"] == timed["updates"] and not all(torch.equal(a[k], c[k]) for k in a)
 
 
-def test_max_time_counts_over_a_resume(tmp_path, capsys):
+def test_max_time_counts_over_a_resume(tmp_path, capsys, monkeypatch):
+    """A resumed run's clock starts where the run it resumes stopped (its checkpoint's
+    wall time): it stops at its first safe point past the new limit, counted over both;
+    resumed again with all its time spent, it stops at the first."""
+    clock = run_clock(monkeypatch)
     run = tmp_path / "run"
     first = _train(capsys, ["CartPole-v1", "--total-steps", "1e8", "--max-time", "1", "--logdir", str(run), *QUIET])
     assert first["out_of_time"] is True
+    n, stopped = len(clock), _checkpoint_wall(run, first)
     again = _train(capsys, ["--resume", str(run), "--max-time", "2", *QUIET])  # a safe key on resume
     assert again["resumed"] is True and again["out_of_time"] is True
-    assert again["env_steps"] > first["env_steps"] and again["wall_seconds"] >= 2
+    assert again["env_steps"] > first["env_steps"]
+    assert {before for _phase, before, _s in clock[n:]} == {stopped}
+    checks = stop_checks(clock[n:])
+    assert len(checks) == again["updates"] - first["updates"] + 1, checks
+    assert all(c < 2 for c in checks[:-1]) and checks[-1] >= 2, checks
+    n, stopped = len(clock), _checkpoint_wall(run, again)
     spent = _train(capsys, ["--resume", str(run), *QUIET])  # still 2 s, all spent: stops at once
     assert spent["env_steps"] == again["env_steps"] and spent["out_of_time"] is True
+    assert {before for _phase, before, _s in clock[n:]} == {stopped}
+    assert len(stop_checks(clock[n:])) == 1
+
+
+def _checkpoint_wall(run_dir, result: dict) -> float:
+    """The wall time the checkpoint of the run that gave ``result`` holds (the result's, rounded)."""
+    wall = load_checkpoint(str(run_dir / "checkpoint.pt"))["train_state"]["wall_seconds"]
+    assert result["wall_seconds"] == pytest.approx(wall, abs=1e-4)
+    return wall
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from helpers import run_clock
 
 from fastvec.engine import Engine
 from fastvec.train import PPO, EngineStorage, PPOConfig, apply_overrides, load_checkpoint
@@ -173,10 +174,11 @@ def test_resume_exactness_check_can_fail(tmp_path):
         st2.close()
 
 
-def test_run_training_resume_continues_counters_and_logs(tmp_path):
+def test_run_training_resume_continues_counters_and_logs(tmp_path, monkeypatch):
     """Stop after 5 updates (the loop's stop hook, as Ctrl-C does), resume to the end:
     one metrics.jsonl with strictly increasing steps, TensorBoard without duplicates,
-    the whole run's steps in the result, ``resumed`` and ``interrupted`` set right."""
+    the whole run's steps in the result, its wall time counted on from the first part's,
+    ``resumed`` and ``interrupted`` set right."""
     run = str(tmp_path / "run")
     cfg = cartpole_cfg(
         total_steps=16 * 256, log_every_s=1e-6, checkpoint_every=1024, keep_checkpoints=2, stop_at_return=1e9
@@ -195,10 +197,13 @@ def test_run_training_resume_continues_counters_and_logs(tmp_path):
     path, ck = resume_checkpoint(run)
     assert path.endswith("checkpoint.pt") and ck["train_state"]["env_steps"] == 1280
 
+    clock = run_clock(monkeypatch)
     second = run_training(resume=run, progress=False)
     assert second["resumed"] and not second["interrupted"]
     assert second["env_steps"] == 16 * 256 and second["updates"] == 15  # the last rollout is not learned
-    assert second["wall_seconds"] > first["wall_seconds"]
+    # the second part's clock starts from the first's wall time, kept in its checkpoint
+    assert ck["train_state"]["wall_seconds"] == pytest.approx(first["wall_seconds"], abs=1e-4)
+    assert clock and {before for _phase, before, _s in clock} == {ck["train_state"]["wall_seconds"]}
     assert second["episodes"] >= first["episodes"]
     assert len(os.listdir(os.path.join(run, "checkpoints"))) == 2  # keep_checkpoints
     steps = [json.loads(line)["env_steps"] for line in open(os.path.join(run, "metrics.jsonl"))]

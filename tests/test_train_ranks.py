@@ -70,7 +70,7 @@ def _segments(pid: int) -> set[str]:
         return {line.split("/dev/shm/")[1].split()[0] for line in f if "/dev/shm/fastvec_" in line}
 
 
-# the async pipeline at lag 0 is the lock-step run (tests/test_pipeline.py): on two ranks too
+# the async pipeline at lag 0 is the lock-step run (tests/test_train_pipeline.py): on two ranks too
 @pytest.mark.parametrize(
     "pipeline", [[], ["--set", "pipeline=async", "--set", "max_policy_lag=0"]], ids=["lockstep", "async"]
 )
