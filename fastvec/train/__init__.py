@@ -13,6 +13,9 @@ this list (``tests/test_house.py`` keeps the order; ``docs/ARCHITECTURE.md`` dra
 - ``run``: the loop over rollouts, its report, run directory and stops;
 - ``commands``: ``fastvec train`` and ``fastvec eval``, and ``run_training``.
 
+A layer's ``__init__`` lists its modules and exports nothing: a name is imported from the
+module that defines it, or, for the public ones, from ``fastvec.train`` (``__all__`` below).
+
 How a rollout lives in the engine's shared memory: the engine is started with
 ``num_slots = T + 1`` and ``autoreset_mode="same_step"``; slot 0 holds the first
 observation of a rollout; for ``t`` in ``0..T-1`` the policy reads observation slot

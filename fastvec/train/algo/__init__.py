@@ -9,8 +9,3 @@
 - ``statistics``: episode tracking, reward scaling, bounded curves;
 - ``checkpoints``: the train state on disk, and the checkpoint a resume starts from.
 """
-
-from .checkpoints import load_checkpoint, policy_from_checkpoint, resume_checkpoint, save_checkpoint
-from .ppo import PPO
-
-__all__ = ["PPO", "save_checkpoint", "load_checkpoint", "resume_checkpoint", "policy_from_checkpoint"]

@@ -5,8 +5,3 @@
 - ``local_ranks``: ``fastvec train --nproc N``, N ranks on this machine;
 - ``evaluate``: ``fastvec eval``, a checkpoint's policy played for some episodes.
 """
-
-from .evaluate import evaluate
-from .launch import run_training
-
-__all__ = ["run_training", "evaluate"]

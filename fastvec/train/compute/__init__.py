@@ -5,9 +5,3 @@
 - ``pinned``: page-locked host memory, for asynchronous copies to a GPU;
 - ``busy``: the fraction of the time the learner's device is busy.
 """
-
-from .pinned import HostPin
-from .ranks import SOLO, RankError, Ranks
-from .torch_state import resolve_device
-
-__all__ = ["Ranks", "SOLO", "RankError", "HostPin", "resolve_device"]

@@ -9,18 +9,3 @@
 
 The bottom layer of the trainer: it imports nothing else of ``fastvec.train``.
 """
-
-from .overrides import apply_overrides
-from .presets import env_factory, preset_for, solve_threshold
-from .rules import ConfigError
-from .settings import PPOConfig, TransportConfig
-
-__all__ = [
-    "PPOConfig",
-    "TransportConfig",
-    "ConfigError",
-    "apply_overrides",
-    "preset_for",
-    "env_factory",
-    "solve_threshold",
-]

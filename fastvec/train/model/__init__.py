@@ -6,7 +6,3 @@
 - ``distributions``: the action heads' distributions;
 - ``acting``: the per-step forward as the hot loop runs it (functional or numpy).
 """
-
-from .actor_critic import ActorCritic, make_policy
-
-__all__ = ["ActorCritic", "make_policy"]

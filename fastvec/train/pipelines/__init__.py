@@ -9,9 +9,3 @@
 - ``learner``: the learner process's main loop;
 - ``watch``: the learner process seen from the collector: started, watched, stopped.
 """
-
-from .collector import Pipeline
-from .lockstep import LockStep
-from .watch import LearnerError
-
-__all__ = ["LockStep", "Pipeline", "LearnerError"]

@@ -5,9 +5,3 @@
 - ``monitor``: the run directory, TensorBoard, metrics, the curve, health probes;
 - ``stops``: what ends a run early: worker restarts past their limit, Ctrl-C, SIGTERM.
 """
-
-from .loop import train
-from .monitor import Monitor
-from .stops import RestartLimitError
-
-__all__ = ["train", "Monitor", "RestartLimitError"]

@@ -5,8 +5,3 @@
 - ``agent_rows``: the engine's ring seen as one row per PettingZoo agent;
 - ``rollout``: ``Rollout``, the learner's tensors over a storage's ``[T + 1, N, ...]``.
 """
-
-from .rollout import Rollout
-from .sources import EngineStorage, GymVectorStorage, RolloutStorage, SB3VecStorage, storage_for
-
-__all__ = ["RolloutStorage", "EngineStorage", "GymVectorStorage", "SB3VecStorage", "storage_for", "Rollout"]
