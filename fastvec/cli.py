@@ -1,4 +1,5 @@
-"""``fastvec`` command line: ``fastvec train``, ``fastvec eval``, ``fastvec bench``, ``fastvec tune``.
+"""``fastvec`` command line: ``fastvec train``, ``fastvec eval``, ``fastvec bench``, ``fastvec tune``,
+``fastvec report``.
 
 Each subcommand lives in its own module and is imported only when used, so that
 ``fastvec bench --help`` does not import torch.
@@ -13,12 +14,13 @@ _COMMANDS = {
     "eval": ("fastvec.train.commands.cli", "Evaluate a checkpoint written by `fastvec train`."),
     "bench": ("fastvec.bench", "Env steps/s of fastvec against gymnasium's SyncVectorEnv on an env."),
     "tune": ("fastvec.tune", "Time fastvec's layouts (workers, batches, placement) on an env; print the fastest."),
+    "report": ("fastvec.report", "Compare groups of finished runs: mean, median, IQM with 95% intervals, P(A > B)."),
 }
 
 
 def _usage() -> str:
     lines = ["usage: fastvec COMMAND [options]", "", "commands:"]
-    lines += [f"  {name:<6} {text}" for name, (_, text) in _COMMANDS.items()]
+    lines += [f"  {name:<7} {text}" for name, (_, text) in _COMMANDS.items()]
     lines += ["", "Run `fastvec COMMAND --help` for a command's options."]
     return "\n".join(lines)
 
