@@ -23,10 +23,10 @@ from fastvec.run_stats import Interval, aggregate, curves, iqm, probability_of_i
     [
         ([1, 2, 3, 4], 2.5),  # the middle two
         ([4, 1, 3, 2], 2.5),  # order does not matter
-        ([0, 1, 2, 4, 100], (0.75 * 1 + 2 + 0.75 * 4) / 2.5),  # the quartile scores count 3/4
+        ([0, 1, 2, 4, 100], (1 + 2 + 4) / 3),  # 5 // 4 = 1 score dropped at each end
         ([5], 5.0),
-        ([1, 3], 2.0),  # each score holds half the mass, a quarter of each in the middle
-        ([1, 2, 3, 4, 5, 6], (0.5 * 2 + 3 + 4 + 0.5 * 5) / 3),
+        ([1, 3], 2.0),  # fewer than 4: nothing dropped
+        ([1, 2, 3, 4, 5, 6], (2 + 3 + 4 + 5) / 4),
         ([-7, 10, 0, 0, 0, 0, 0, 1000], 0.0),
     ],
 )
@@ -40,11 +40,12 @@ def test_iqm_is_trim_mean_where_n_is_a_multiple_of_4(n):
     assert iqm(x) == pytest.approx(trim_mean(x, 0.25), rel=1e-12)
 
 
-def test_iqm_is_trim_mean_of_the_sample_repeated_4_times():
-    """For any n: each score split into 4 quarters, the middle half is whole quarters."""
-    for n in range(1, 12):
+def test_iqm_drops_a_quarter_at_each_end_for_any_n():
+    """rliable's rule, computed here by hand: sort, drop ``n // 4`` at each end, average."""
+    for n in range(1, 14):
         x = np.random.default_rng(n).normal(size=n)
-        assert iqm(x) == pytest.approx(trim_mean(np.repeat(x, 4), 0.25), rel=1e-12), n
+        k = n // 4
+        assert iqm(x) == pytest.approx(np.sort(x)[k : n - k].mean(), rel=1e-12), n
 
 
 # ------------------------------------------------------------------ the bootstrap
