@@ -41,18 +41,21 @@ WORKLOADS = {
     "cartpole": ("CartPole-v1", 500_000, True, [1, 2, 3, 4, 5]),
     "invpendulum": ("InvertedPendulum-v5", 1_000_000, True, [1, 2, 3]),
     "halfcheetah_1m": ("HalfCheetah-v5", 1_000_000, False, [1, 2, 3]),
+    # the question settled with intervals: does async learn as well per env step?
+    "halfcheetah_seeds": ("HalfCheetah-v5", 300_000, False, [1, 2, 3, 4, 5, 6, 7, 8]),
 }
 CANDIDATES = {"lockstep": ["pipeline=lockstep"], "async": ["pipeline=async"]}
 
 
-def run(env_id: str, steps: int, seed: int, sets: list[str], solve: bool) -> dict:
+def run(env_id: str, steps: int, seed: int, sets: list[str], solve: bool, keep: str | None = None) -> dict:
     """One fresh ``fastvec train``: its result, the CPU time and wall time of its process
-    tree, and its curve of mean return against env steps."""
+    tree, and its curve of mean return against env steps. ``keep``: the run directory
+    to leave behind (for ``fastvec report``), else a temporary one."""
     from fastvec.train import solve_threshold
 
     stop = ["--stop-at-return", str(solve_threshold(env_id))] if solve else []
     with tempfile.TemporaryDirectory() as tmp:
-        run_dir = os.path.join(tmp, "run")
+        run_dir = keep or os.path.join(tmp, "run")
         cpu0, t0 = children_cpu_seconds(), time.perf_counter()
         res = run_train(
             env_id,
@@ -105,6 +108,12 @@ def main():
     p.add_argument("--set", action="append", default=[], help="extra --set for both candidates")
     p.add_argument("--out", default=os.path.join(HERE, "results", "pipeline"))
     p.add_argument("--from-json", nargs="+", default=[], help="rewrite the reports of these saved runs, run nothing")
+    p.add_argument(
+        "--keep-runs",
+        default=None,
+        help="keep each run's directory under DIR/<workload>/<candidate>-seed<S> and compare the candidates "
+        "with `fastvec report` (IQM, intervals, P(async > lock-step)) into OUT/<workload>_report/",
+    )
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     cores = os.cpu_count() or 1
@@ -126,7 +135,8 @@ def main():
         for r, seed in enumerate(seeds):
             order = list(CANDIDATES) if r % 2 == 0 else list(CANDIDATES)[::-1]
             for c in order:
-                res = run(env_id, steps, seed, args.set + CANDIDATES[c], solve)
+                keep = None if args.keep_runs is None else os.path.join(args.keep_runs, w, f"{c}-seed{seed}")
+                res = run(env_id, steps, seed, args.set + CANDIDATES[c], solve, keep)
                 by[c][seed] = res
                 ps = res.get("pipeline_stats") or {}
                 print(
@@ -151,6 +161,16 @@ def main():
         )
         _plot(os.path.join(args.out, f"{w}.png"), f"{env_id}: lock-step (solid) and async (dashed)", by, seeds)
         _report(args, w, env_id, steps, solve, seeds, by, cores, time.time() - t_start)
+        if args.keep_runs is not None:
+            _compare(os.path.join(args.keep_runs, w), os.path.join(args.out, f"{w}_report"))
+
+
+def _compare(runs: str, out: str) -> None:
+    """``fastvec report`` over the kept runs: lock-step against async, as a user runs it."""
+    import subprocess
+
+    groups = [f"{c}={os.path.join(runs, c)}-seed*" for c in CANDIDATES]
+    subprocess.run([sys.executable, "-m", "fastvec", "report", *groups, "--out", out], check=True)
 
 
 def _async_settings(env_id: str, command: str) -> str:
