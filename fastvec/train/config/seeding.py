@@ -7,8 +7,9 @@ scheme. ``member`` is 0 for a run alone; a population trained in one process wou
 give member k the key ``(k, i)``, so no two members' envs share a stream. A resumed run
 needs new episodes: after ``env_steps`` steps it resets env ``i`` from
 ``spawn_key=(member, i, env_steps)``, a stream of its own (the same for every resume
-from the same checkpoint). Keys of different lengths never coincide, so the start's
-streams and every resume's are apart.
+from the same checkpoint). A start's keys and a resume's differ in length, so their
+streams are apart (for seeds below 2**128, which numpy pads to its four-word pool before
+it appends the key). A member's 0 makes a run alone the same as member 0 of a population.
 
 The ``"offset"`` scheme is the one before: env ``i`` gets ``seed + i``, and
 ``seed + env_steps + i`` on a resume. Its streams overlap between runs (seeds 1 and 2
