@@ -25,7 +25,7 @@ from fastvec.train.commands.cli import main as cli_main
 from fastvec.train.commands.cli import run_training
 from fastvec.train.config.overrides import FIELD_KINDS, check_resume_config
 from fastvec.train.config.presets import env_factory, preset_for
-from fastvec.train.run.loop import resume_seed
+from fastvec.train.run.loop import run_env_seeds
 
 
 # =============================================================================== the rule
@@ -157,10 +157,10 @@ def test_resumed_run_continues_the_adaptive_rate(tmp_path):
     st = engine_storage(cfg)
     try:
         ppo = PPO(cfg, st, torch.device("cpu"))
-        st.reset(cfg.seed)
+        st.reset(run_env_seeds(cfg, ppo))
         iterate(ppo, N)
         path = save_checkpoint(str(tmp_path / "c.pt"), ppo, "CartPole-v1", {}, train_state=ppo.train_state())
-        ppo.restart_envs(resume_seed(cfg, ppo.env_steps))
+        ppo.restart_envs(run_env_seeds(cfg, ppo, resumed=True))
         ref_rates = iterate(ppo, M)
         ref_params = ppo.flat_param.detach().clone()
     finally:
@@ -174,7 +174,7 @@ def test_resumed_run_continues_the_adaptive_rate(tmp_path):
         pol.train()
         ppo2 = PPO(cfg, st2, torch.device("cpu"), pol)
         ppo2.load_train_state(ckpt["train_state"])
-        ppo2.restart_envs(resume_seed(cfg, ppo2.env_steps))
+        ppo2.restart_envs(run_env_seeds(cfg, ppo2, resumed=True))
         assert iterate(ppo2, M) == ref_rates
         assert torch.equal(ppo2.flat_param.detach(), ref_params)
     finally:

@@ -185,9 +185,10 @@ def test_train_resume_and_eval_a_recurrent_policy(tmp_path, capsys):
     times the steps: the run continues where it stopped; ``fastvec eval`` of its
     checkpoint (the policy carries its state through the episodes) beats random play on
     the same seeds by 10 (random play's 16-episode mean: 22.4, standard deviation 2.5
-    over action draws; seeds 2-4 here evaluated at 36.6-41.6 after 16k steps)."""
+    over action draws; seeds 1-6 here evaluated at 58.1, 33.3, 36.9, 69.5, 59.9 and 40.2
+    after 16k steps, with each env seeded from its own stream)."""
     run = tmp_path / "run"
-    args = ["CartPoleNoVel-v1", "--logdir", str(run), "--no-progress", "--no-tensorboard", "--seed", "2"]
+    args = ["CartPoleNoVel-v1", "--logdir", str(run), "--no-progress", "--no-tensorboard", "--seed", "1"]
     assert cli_main("train", [*args, "--total-steps", "2048", "--set", "core_size=16"]) == 0
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert first["policy"].startswith("mlp+lstm+categorical") and first["env_steps"] == 2048

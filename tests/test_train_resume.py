@@ -30,7 +30,8 @@ from fastvec.train.algo.checkpoints import resume_checkpoint, save_checkpoint
 from fastvec.train.commands.cli import main as cli_main
 from fastvec.train.commands.cli import run_training
 from fastvec.train.config.presets import env_factory, preset_for
-from fastvec.train.run.loop import resume_seed
+from fastvec.train.config.seeding import env_seeds
+from fastvec.train.run.loop import run_env_seeds
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAKY_ID = "FastvecTestFlakyCartPole-v0"
@@ -101,10 +102,10 @@ def test_resume_is_exact(tmp_path, changes):
     st = storage(cfg)
     try:
         ppo = PPO(cfg, st, torch.device("cpu"))
-        st.reset(cfg.seed)
+        st.reset(run_env_seeds(cfg, ppo))
         iterate(ppo, N)
         path = save_checkpoint(str(tmp_path / "c.pt"), ppo, "CartPole-v1", {}, train_state=ppo.train_state())
-        ppo.restart_envs(resume_seed(cfg, ppo.env_steps))
+        ppo.restart_envs(run_env_seeds(cfg, ppo, resumed=True))
         iterate(ppo, M)
         ref_params = ppo.flat_param.detach().clone()
         ref_m, ref_v = ppo.opt.m.clone(), ppo.opt.v.clone()
@@ -124,7 +125,7 @@ def test_resume_is_exact(tmp_path, changes):
         pol.train()
         ppo2 = PPO(cfg, st2, torch.device("cpu"), pol)
         ppo2.load_train_state(ckpt["train_state"])
-        ppo2.restart_envs(resume_seed(cfg, ppo2.env_steps))
+        ppo2.restart_envs(run_env_seeds(cfg, ppo2, resumed=True))
         iterate(ppo2, M)
         assert torch.equal(ppo2.flat_param.detach(), ref_params)
         assert torch.equal(ppo2.opt.m, ref_m) and torch.equal(ppo2.opt.v, ref_v)
@@ -143,11 +144,11 @@ def test_resume_exactness_check_can_fail(tmp_path):
     st = storage(cfg)
     try:
         ppo = PPO(cfg, st, torch.device("cpu"))
-        st.reset(cfg.seed)
+        st.reset(run_env_seeds(cfg, ppo))
         iterate(ppo, 2)
         state = ppo.train_state()
         weights = {k: v.clone() for k, v in ppo.policy.state_dict().items()}
-        ppo.restart_envs(resume_seed(cfg, ppo.env_steps))
+        ppo.restart_envs(run_env_seeds(cfg, ppo, resumed=True))
         iterate(ppo, 3)
         ref = ppo.flat_param.detach().clone()
     finally:
@@ -167,7 +168,7 @@ def test_resume_exactness_check_can_fail(tmp_path):
         ppo2 = PPO(cfg, st2, torch.device("cpu"), pol)
         ppo2.load_train_state(state)
         torch.manual_seed(999)
-        ppo2.restart_envs(resume_seed(cfg, ppo2.env_steps))
+        ppo2.restart_envs(run_env_seeds(cfg, ppo2, resumed=True))
         iterate(ppo2, 3)
         assert not torch.equal(ppo2.flat_param.detach(), ref)
     finally:
@@ -660,17 +661,19 @@ def test_restart_on_error_false_fails_on_the_first_error(tmp_path, capsys):
 
 
 class HangingCartPole(gym.Wrapper):
-    """CartPole-v1 whose env 0 (seeded 3, ``cartpole_cfg``'s seed) hangs at its ``at``-th
-    step: it sleeps two minutes, far past the test's bound, once per process (a replaced
-    worker's envs are not env 0 of a seeded reset, and do not hang)."""
+    """CartPole-v1 whose env 0 (seeded as env 0 of a run with seed 3, ``cartpole_cfg``'s)
+    hangs at its ``at``-th step: it sleeps two minutes, far past the test's bound, once per
+    process (a replaced worker's envs are not env 0 of a seeded reset, and do not hang)."""
+
+    ENV_0_SEED = env_seeds(3, 0, 1)[0]
 
     def __init__(self, at: int = 300):
         super().__init__(gym.make("CartPole-v1"))
         self.at, self.n, self.index = at, 0, None
 
     def reset(self, **kw):
-        if kw.get("seed") is not None:  # the first reset: env i gets seed 3 + i
-            self.index = kw["seed"] - 3
+        if kw.get("seed") is not None:  # the first reset: env 0 gets the rule's seed for it
+            self.index = 0 if kw["seed"] == self.ENV_0_SEED else None
         return self.env.reset(**kw)
 
     def step(self, action):

@@ -16,6 +16,8 @@ from fastvec.options import available_cores
 from fastvec.train import PPO, ConfigError, PPOConfig, apply_overrides
 from fastvec.train.commands.cli import run_training as train
 from fastvec.train.config.presets import env_factory, preset_for
+from fastvec.train.config.seeding import env_seeds
+from fastvec.train.run import loop
 
 
 def test_rollout_tensors_share_memory_with_the_engine():
@@ -63,15 +65,20 @@ def test_same_trajectories_on_gymnasium_vector_env():
     assert a["final_mean_return"] == pytest.approx(b["final_mean_return"])
 
 
-def test_same_trajectories_on_sb3_vec_env():
-    """SB3's VecEnv API (terminal_observation / TimeLimit.truncated in the infos)."""
+def test_same_trajectories_on_sb3_vec_env(monkeypatch):
+    """SB3's VecEnv API (terminal_observation / TimeLimit.truncated in the infos). Its
+    ``seed(s)`` takes one int (env i: ``s + i``, s the rule's seed of env 0): the engine's
+    run is given the same seeds."""
     pytest.importorskip("stable_baselines3")
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     cfg = apply_overrides(PPOConfig(), preset_for("CartPole-v1"))
     apply_overrides(cfg, ["total_steps=3000", "seed=5", "device=cpu", "num_envs=4"])
     fn = env_factory("CartPole-v1", {"max_episode_steps": 60})  # truncations happen
-    a = train("CartPole-v1", cfg, env_kwargs={"max_episode_steps": 60}, progress=False)
+    first = env_seeds(5, 0, 1)[0]
+    with monkeypatch.context() as m:
+        m.setattr(loop, "env_seeds", lambda seed, a, n, **kw: [first + i for i in range(a, a + n)])
+        a = train("CartPole-v1", cfg, env_kwargs={"max_episode_steps": 60}, progress=False)
     venv = DummyVecEnv([fn] * cfg.num_envs)
     try:
         b = train(None, cfg, venv=venv, progress=False)

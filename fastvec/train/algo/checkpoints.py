@@ -4,7 +4,9 @@ A checkpoint holds the weights, the config, the spaces and the env id (what ``fa
 eval`` and ``--init-from`` need) and, since format 2, the ``train_state`` a resumed run
 continues from (optimiser, counters, schedules' position, normalisers, episode window,
 RNG states, wall time so far; see ``PPO.train_state``). Envs are not in it: a resumed
-run resets them. Format 3 names the policy's weights by its pieces (``actor_body.encoder.0.weight``,
+run resets them, seeded by the scheme its train state names (``env_seeding``, see
+``fastvec.train.config.seeding``; a train state without it, written before, resumes with
+``offset``). Format 3 names the policy's weights by its pieces (``actor_body.encoder.0.weight``,
 ``actor_head.weight``, ``body.encoder.convs.0.weight``); formats 1 and 2 (one
 ``actor`` / ``critic`` network each, a CNN ``trunk``) are read with their names mapped
 to these (``upgrade_state_dict``): the same numbers, so they evaluate and resume as before.

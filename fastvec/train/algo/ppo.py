@@ -22,6 +22,7 @@ import torch
 from ..compute.busy import DeviceBusy
 from ..compute.ranks import SOLO, Ranks
 from ..compute.torch_state import Threads, rng_state, set_rng_state
+from ..config.seeding import OFFSET, SPAWNED, check_scheme
 from ..config.settings import PPOConfig
 from ..model.actor_critic import ActorCritic, is_image_space, make_policy
 from ..storage.rollout import Rollout
@@ -127,6 +128,8 @@ class PPO:
             cfg, self.policy, self.flat_param, self.reward_scaler, busy=busy, threads=self.threads, ranks=ranks
         )
         self.env_steps = 0  # the run's (every rank's)
+        # how the run seeds its envs (fastvec.train.config.seeding); a resume keeps its checkpoint's
+        self.env_seeding = SPAWNED
         self.curve: list[tuple[int, float]] = []
 
     @property
@@ -196,6 +199,7 @@ class PPO:
             "times": {"act": self.t_act, "env": self.t_env, "prepare": self.t_prep, "learn": self.t_learn},
             "curve": list(self.curve),
             "rng": rng if rng is not None else rng_state(),
+            "env_seeding": self.env_seeding,
         }
 
     def load_train_state(self, state: dict) -> None:
@@ -214,11 +218,13 @@ class PPO:
         self.t_act, self.t_env, self.t_prep, self.t_learn = t["act"], t["env"], t["prepare"], t["learn"]
         self.curve = [tuple(p) for p in state["curve"]]
         set_rng_state(state["rng"])
+        # a checkpoint that names no env seeding was written before the schemes had names
+        self.env_seeding = check_scheme(state.get("env_seeding", OFFSET))
 
-    def restart_envs(self, seed: int | None) -> None:
-        """Reset every env (``seed + i`` for env i) into slot 0 of a new rollout: the
-        episodes in progress are dropped from the statistics and the reward normaliser's
-        running returns start again."""
+    def restart_envs(self, seed) -> None:
+        """Reset every env into slot 0 of a new rollout (``seed``: one seed per env, or an
+        int for ``seed + i``): the episodes in progress are dropped from the statistics
+        and the reward normaliser's running returns start again."""
         self.storage.reset(seed)
         self.collector.last = None  # a recurrent policy's states start from zero
         self.tracker.restart_envs()

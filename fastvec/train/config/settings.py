@@ -280,7 +280,8 @@ class PPOConfig:
     """targets=vtrace: the clip on the importance weights in the traces."""
     # ---- the run
     seed: int = 0
-    """Seeds torch, numpy and the envs (env i gets ``seed + i``)."""
+    """Seeds torch, numpy and the envs: env i's seed is drawn from its own stream
+    (``fastvec.train.config.seeding``: ``SeedSequence(seed, spawn_key=(0, i))``)."""
     device: str = "auto"
     """auto, cpu, cuda or cuda:N (auto: cuda when available)."""
     torch_threads: int | None = None
@@ -356,11 +357,10 @@ class PPOConfig:
         for name in ("torch_threads", "learn_threads", "lr_horizon"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name))
-        v = self.checkpoint_every
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise ConfigError(
-                f"checkpoint_every must be a non-negative integer (env steps; 0: only at the end), got {v!r}"
-            )
+        for name, unit in (("checkpoint_every", " (env steps; 0: only at the end)"), ("seed", "")):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ConfigError(f"{name} must be a non-negative integer{unit}, got {v!r}")
         for name in ("gamma", "gae_lambda"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:

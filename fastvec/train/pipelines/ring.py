@@ -58,6 +58,7 @@ class RingSection:
         active = getattr(storage, "active", None)  # (agents: the rows that act)
         self.active = None if active is None else active[rows]
         self.kind, self.num_envs, self.num_workers = storage.kind, storage.num_envs, storage.num_workers
+        self.num_seeds = getattr(storage, "num_seeds", storage.num_envs)  # (the learner's ring: no resets)
         self.single_observation_space = storage.single_observation_space
         self.single_action_space = storage.single_action_space
 
@@ -85,6 +86,7 @@ class RingSection:
         return []  # the whole ring is the storage's to pin
 
     def reset(self, seed) -> None:
+        """Reset every env into this section's first slot (one seed per env, or an int)."""
         self.storage.reset(seed, slot=self.base)
 
     def step(self, slot: int) -> None:

@@ -28,6 +28,7 @@ from ..compute.ranks import SOLO, Ranks, check_world, rank_figures
 from ..compute.torch_state import resolve_device, rng_state
 from ..config.mix import group_of
 from ..config.presets import solve_threshold
+from ..config.seeding import env_seeds
 from ..config.settings import PPOConfig
 from ..model.actor_critic import describe_policy
 from ..pipelines.collector import Pipeline
@@ -37,13 +38,18 @@ from ..storage.sources import RolloutStorage
 from .report import Metrics, run_result
 from .stops import RestartWatch
 
-__all__ = ["train", "Run", "resume_seed"]
+__all__ = ["train", "Run", "run_env_seeds"]
 
 
-def resume_seed(cfg: PPOConfig, env_steps: int) -> int:
-    """The seed a resumed run resets its envs with (env i gets this + i): new episodes,
-    the same ones for every resume from the same checkpoint."""
-    return cfg.seed + env_steps
+def run_env_seeds(cfg: PPOConfig, ppo, ranks: Ranks = SOLO, resumed: bool = False) -> list[int]:
+    """The seeds this rank's envs are reset with (``fastvec.train.config.seeding``, under
+    ``ppo.env_seeding``): the run's envs ``rank * n .. rank * n + n - 1`` for its ``n``
+    (``num_seeds``: an agent storage's copies). ``resumed``: the resume's own streams after
+    ``ppo.env_steps`` steps (new episodes, the same for every resume from one checkpoint)."""
+    storage = ppo.storage
+    n = getattr(storage, "num_seeds", storage.num_envs)
+    steps = ppo.env_steps if resumed else None
+    return env_seeds(cfg.seed, ranks.rank * n, n, scheme=ppo.env_seeding, env_steps=steps)
 
 
 def train(
@@ -71,7 +77,7 @@ def train(
     ``init``: a loaded checkpoint to start from (weights only; its spaces must match).
     ``resume``: a loaded checkpoint with a train state to continue (``cfg`` is its config,
     with safe changes only; see ``fastvec.train.commands.launch``): weights, optimiser, counters and
-    statistics continue, the envs are reset with ``resume_seed``. ``stop``: a callable
+    statistics continue, the envs are reset with ``run_env_seeds``. ``stop``: a callable
     asked at every safe point; True ends the run there (``result["interrupted"]``).
     ``t_start``: the ``time.perf_counter()`` the wall time counts from (default: now;
     the CLI passes the moment before it started the envs, so start-up counts). With a
@@ -195,14 +201,13 @@ class Run:
         self.ppo = ppo = trainer_for(cfg, storage, self.device, policy, self.ranks)
         if self.mix is not None:  # each group's training return too
             ppo.tracker.set_groups(group_of(self.mix))
-        first_env = self.ranks.rank * storage.num_envs  # this rank's first env of the run's
         if resume is not None:
-            ppo.load_train_state(self.state)
+            ppo.load_train_state(self.state)  # (with the env seeding the checkpoint names)
             if "ranks" in self.state:  # this rank's own episode statistics
                 ppo.tracker.load(self.state["ranks"]["trackers"][self.ranks.rank])
-            ppo.restart_envs(resume_seed(cfg, ppo.env_steps) + first_env)
+            ppo.restart_envs(run_env_seeds(cfg, ppo, self.ranks, resumed=True))
         else:
-            storage.reset(cfg.seed + first_env)
+            storage.reset(run_env_seeds(cfg, ppo, self.ranks))
         self.schedule = self._schedule()
         self.restarts = restarts = RestartWatch(storage, cfg, int(self.state.get("restarts", 0)))
         storage.on_restart = lambda: restarts.check(ppo.env_steps)  # counted (and limited) as they happen

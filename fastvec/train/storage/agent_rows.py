@@ -33,7 +33,8 @@ class AgentStorage(EngineStorage):
     """``EngineStorage`` whose rows are agents: an engine over ``ParallelCopy`` envs
     (``fastvec.pettingzoo_copies.copy_fns``), ``spec`` the agents and spaces read from copy 0.
     ``active[t, r]``: row r's agent acts on slot t's observation; rows that do not are
-    zeros, and ``fastvec.train`` leaves them out of its losses and statistics."""
+    zeros, and ``fastvec.train`` leaves them out of its losses and statistics. ``reset``
+    takes one seed per copy (``num_seeds``): a copy's agents share their env's."""
 
     def __init__(self, engine, spec: AgentSpec):
         self.spec = spec
@@ -50,6 +51,7 @@ class AgentStorage(EngineStorage):
     def _views(self, eng) -> None:
         self.agent_leaves = list(eng.single_observation_space.spaces)  # the engine's leaves, in the Dict's order
         self.num_envs = self.agent_rows.num_rows
+        self.num_seeds = self.agent_rows.num_copies  # reset seeds the copies, one each
         self.single_observation_space = self.spec.observation_space
         self.single_action_space = self.spec.action_space
         v = agent_views(self.agent_leaves, eng.obs_bufs, eng.final_bufs, eng.act_bufs[0], self.num_envs)
@@ -61,11 +63,6 @@ class AgentStorage(EngineStorage):
 
     def arrays(self) -> list[np.ndarray]:
         return [self.obs, self.final_obs, self.act, self.rewards, self.terminated, self.truncated, self.active]
-
-    def reset(self, seed: int | None, slot: int = 0) -> None:
-        """Reset every copy (copy c with ``seed + c``) into ``slot``."""
-        kw = {c: ({"seed": seed + c} if seed is not None else {}) for c in range(self.agent_rows.num_copies)}
-        self.engine.reset(slot, kw)
 
     def step(self, slot: int) -> None:
         seen = len(self.engine.restarts)

@@ -2,8 +2,8 @@
 
 ``RolloutStorage`` declares everything the loop and ``PPO`` use of a storage: the spaces,
 ``num_envs``, the ``[T + 1, N, ...]`` arrays ``obs``, ``final_obs``, ``act``, ``rewards``,
-``terminated`` and ``truncated``; ``reset(seed)`` writes the first observations into slot
-0, ``step(t)`` steps every env on the actions in ``act[t]`` and writes step t's results
+``terminated`` and ``truncated``; ``reset(seeds)`` writes the first observations into slot
+0 (one seed per env, or an int: env i gets ``seed + i``), ``step(t)`` steps every env on the actions in ``act[t]`` and writes step t's results
 into slot ``t`` (``final_obs`` where an episode ended), ``send``/``recv`` do the same per
 batch group, ``arrays()`` lists what to page-lock for CUDA, and ``close()``. ``active``:
 which rows act at each step (None: all; ``fastvec.train.storage.agent_rows`` for agents).
@@ -19,7 +19,7 @@ which rows act at each step (None: all; ``fastvec.train.storage.agent_rows`` for
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -27,6 +27,7 @@ import numpy as np
 from ..._core.base import IN_SLOT
 from ..._core.segment import leaves_of
 from ..compute.pinned import HostPin, alloc
+from ..config.seeding import seeds_for
 
 __all__ = [
     "RolloutStorage",
@@ -46,6 +47,9 @@ class RolloutStorage(Protocol):
     kind: str
     """The backend's name in the result (``backend``): fastvec, fastvec-ray, gymnasium, subproc."""
     num_envs: int
+    num_seeds: int
+    """How many seeds ``reset`` takes: one per env it resets (``num_envs``; an agent
+    storage's copies). A storage without it takes ``num_envs``."""
     num_workers: int | None
     """Worker processes stepping the envs (None: unknown); acting leaves their cores free."""
     single_observation_space: Any
@@ -81,8 +85,9 @@ class RolloutStorage(Protocol):
         """The arrays to page-lock for CUDA ([]: none, or already pinned)."""
         ...
 
-    def reset(self, seed: int | None) -> None:
-        """Reset every env (env i with ``seed + i``) into slot 0."""
+    def reset(self, seed: int | Sequence[int] | None) -> None:
+        """Reset every env into slot 0: env i with ``seed[i]`` (one seed per env, the
+        trainer's: ``fastvec.train.config.seeding``), or ``seed + i`` for an int; None: unseeded."""
         ...
 
     def step(self, slot: int) -> None:
@@ -158,7 +163,7 @@ class EngineStorage:
 
     def _views(self, eng) -> None:
         """The protocol's arrays: the engine's own (one env, one row)."""
-        self.num_envs = eng.num_envs
+        self.num_envs = self.num_seeds = eng.num_envs
         self.single_observation_space = eng.single_observation_space
         self.single_action_space = eng.single_action_space
         self.obs = eng.obs_bufs[0]
@@ -180,9 +185,9 @@ class EngineStorage:
     def arrays(self) -> list[np.ndarray]:
         return [self.obs, self.final_obs, self.act, self.rewards, self.terminated, self.truncated]
 
-    def reset(self, seed: int | None, slot: int = 0) -> None:
-        kw = {i: ({"seed": seed + i} if seed is not None else {}) for i in range(self.num_envs)}
-        self.engine.reset(slot, kw)
+    def reset(self, seed: int | Sequence[int] | None, slot: int = 0) -> None:
+        seeds = seeds_for(seed, self.num_seeds)
+        self.engine.reset(slot, {i: ({} if seeds is None else {"seed": seeds[i]}) for i in range(self.num_seeds)})
 
     def step(self, slot: int) -> None:
         self._step_async(IN_SLOT, slot)  # the policy wrote the actions into the slot
@@ -361,7 +366,7 @@ class GymVectorStorage(_CopyStorage):
                 f"{mode!r}"
             )
         self.venv = venv
-        self.num_envs = venv.num_envs
+        self.num_envs = self.num_seeds = venv.num_envs
         self.single_observation_space = venv.single_observation_space
         self.single_action_space = venv.single_action_space
         self.num_workers = getattr(venv, "num_workers", None)
@@ -369,6 +374,8 @@ class GymVectorStorage(_CopyStorage):
         self.worker_pids = [p.pid for p in getattr(venv, "processes", [])]
 
     def reset(self, seed):
+        if seed is not None and not isinstance(seed, (int, np.integer)):  # one per env: a list
+            seed = seeds_for(seed, self.num_envs)
         obs, _ = self.venv.reset(seed=seed)
         self.obs[0] = obs
 
@@ -397,7 +404,7 @@ class SB3VecStorage(_CopyStorage):
 
     def __init__(self, venv, num_slots: int, pin: bool = False):
         self.venv = venv
-        self.num_envs = venv.num_envs
+        self.num_envs = self.num_seeds = venv.num_envs
         self.single_observation_space = venv.observation_space
         self.single_action_space = venv.action_space
         procs = getattr(venv, "processes", None) or getattr(venv, "ps", None) or []
@@ -406,8 +413,13 @@ class SB3VecStorage(_CopyStorage):
         self.worker_pids = [p.pid for p in procs]
 
     def reset(self, seed):
+        """SB3's ``VecEnv.seed(seed)`` takes one int and seeds env i with ``seed + i``
+        (a baselines-style ``reset(seed=...)`` too): given one seed per env, env 0's
+        is that int and env i gets it ``+ i``, not its own."""
         import inspect
 
+        seeds = seeds_for(seed, self.num_envs)
+        seed = None if seeds is None else seeds[0]
         try:
             takes_seed = "seed" in inspect.signature(self.venv.reset).parameters
         except (TypeError, ValueError):
