@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fastvec
-from fastvec.train import PPOConfig, apply_overrides, load_checkpoint, run_training
+from fastvec.train import Monitor, PPOConfig, apply_overrides, load_checkpoint, run_training, train
 from fastvec.train.config.mix import mix_factories, resolve_mix
 from fastvec.train.config.presets import env_factory
 from fastvec.train.config.seeding import OFFSET, SPAWNED, env_seeds, seeds_for
@@ -82,7 +82,7 @@ def test_a_rank_seeds_its_share_of_the_runs_envs():
     of two ranks of 4 envs, the last 4 of one rank of 8 (a resume's too)."""
     cfg = PPOConfig(seed=9)
     ppo = SimpleNamespace(storage=SimpleNamespace(num_envs=4, num_seeds=4), env_seeding=SPAWNED, env_steps=640)
-    whole = SimpleNamespace(storage=SimpleNamespace(num_envs=8), env_seeding=SPAWNED, env_steps=640)
+    whole = SimpleNamespace(storage=SimpleNamespace(num_envs=8, num_seeds=8), env_seeding=SPAWNED, env_steps=640)
     rank1 = SimpleNamespace(rank=1)
     assert run_env_seeds(cfg, ppo, rank1) == run_env_seeds(cfg, whole)[4:] == env_seeds(9, 4, 4)
     assert run_env_seeds(cfg, ppo, rank1, resumed=True) == run_env_seeds(cfg, whole, resumed=True)[4:]
@@ -180,6 +180,33 @@ def test_an_sb3_vec_env_takes_env_0s_seed_plus_i(monkeypatch):
     ((seed, obs),) = seen
     first = env_seeds(11, 0, 4)[0]
     np.testing.assert_array_equal(obs, _single_obs(fns, [first + i for i in range(4)]))
+
+
+class _IntSeededStorage(EngineStorage):
+    """A storage written for the protocol before per-env seeds: no ``num_seeds``, and a
+    ``reset`` that takes one int (env i: it + i)."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        del self.num_seeds
+        self.given: list = []
+
+    def reset(self, seed, slot=0):  # as EngineStorage's was
+        assert seed is None or isinstance(seed, int), f"got {seed!r}"
+        self.given.append(seed)
+        self.engine.reset(slot, {i: ({"seed": seed + i} if seed is not None else {}) for i in range(self.num_envs)})
+
+
+def test_a_storage_without_per_env_seeds_gets_one_int_and_its_run_says_offset(tmp_path):
+    cfg = _cfg()
+    fns = [env_factory("CartPole-v1", {})] * 4
+    storage = _IntSeededStorage(
+        fastvec.Engine(fns, num_workers=2, num_slots=cfg.n_steps + 1, autoreset_mode="same_step")
+    )
+    run = tmp_path / "r"
+    train(cfg, storage, Monitor(str(run), tensorboard=False), env_id="CartPole-v1", progress=False)  # closes both
+    assert storage.given == [11]
+    assert load_checkpoint(str(run / "checkpoint.pt"))["train_state"]["env_seeding"] == OFFSET
 
 
 # ============================================================================ resumes

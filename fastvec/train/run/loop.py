@@ -28,7 +28,7 @@ from ..compute.ranks import SOLO, Ranks, check_world, rank_figures
 from ..compute.torch_state import resolve_device, rng_state
 from ..config.mix import group_of
 from ..config.presets import solve_threshold
-from ..config.seeding import env_seeds
+from ..config.seeding import OFFSET, env_seeds
 from ..config.settings import PPOConfig
 from ..model.actor_critic import describe_policy
 from ..pipelines.collector import Pipeline
@@ -41,14 +41,21 @@ from .stops import RestartWatch
 __all__ = ["train", "Run", "run_env_seeds"]
 
 
-def run_env_seeds(cfg: PPOConfig, ppo, ranks: Ranks = SOLO, resumed: bool = False) -> list[int]:
+def run_env_seeds(cfg: PPOConfig, ppo, ranks: Ranks = SOLO, resumed: bool = False) -> list[int] | int:
     """The seeds this rank's envs are reset with (``fastvec.train.config.seeding``, under
     ``ppo.env_seeding``): the run's envs ``rank * n .. rank * n + n - 1`` for its ``n``
     (``num_seeds``: an agent storage's copies). ``resumed``: the resume's own streams after
-    ``ppo.env_steps`` steps (new episodes, the same for every resume from one checkpoint)."""
+    ``ppo.env_steps`` steps (new episodes, the same for every resume from one checkpoint).
+
+    A storage without ``num_seeds`` (one written for the protocol before per-env seeds,
+    whose ``reset`` takes one int for env i's ``seed + i``) gets that int: the offset
+    scheme, which its run's checkpoints then name."""
     storage = ppo.storage
-    n = getattr(storage, "num_seeds", storage.num_envs)
     steps = ppo.env_steps if resumed else None
+    if not hasattr(storage, "num_seeds"):
+        ppo.env_seeding = OFFSET
+        return cfg.seed + ranks.rank * storage.num_envs + (steps or 0)
+    n = storage.num_seeds
     return env_seeds(cfg.seed, ranks.rank * n, n, scheme=ppo.env_seeding, env_steps=steps)
 
 
