@@ -341,7 +341,6 @@ def _train_config(args):
             raise ValueError("--resume continues the run's envs; it does not take --mix or --env-kwargs")
         resume = _resume_target(args)
         args.env_id = resume[1]["env_id"]
-        check_env_id(args.env_id)  # (an env of your own: its module imports here again)
         cfg = resume_config(resume[1], args)
     elif args.env_id is None:
         raise ValueError("give an env id (e.g. CartPole-v1) or --resume RUN_DIR")
