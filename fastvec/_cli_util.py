@@ -22,3 +22,31 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """An argparse ``type`` (``--max-time``): seconds, or a number with s, m or h
+    (``90s``, ``5m``, ``1.5h``)."""
+    t = text.strip().lower()
+    scale = _UNITS.get(t[-1:], None)
+    try:
+        v = float(t[:-1] if scale else t) * (scale or 1.0)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive duration like 300, 90s, 5m or 1.5h, got {text!r}")
+    return v
+
+
+def settings_arg(text: str) -> dict:
+    """An argparse ``type`` (``--env-kwargs``): ``key=value,...`` as a dict, values read
+    as JSON where they parse (``fastvec.env_ids.parse_settings``)."""
+    from .env_ids import parse_settings
+
+    try:
+        return parse_settings(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

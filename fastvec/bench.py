@@ -2,6 +2,7 @@
 
     fastvec bench                          # CartPole-v1, 16 envs: a few seconds
     fastvec bench HalfCheetah-v5 --num-envs 8 --steps 500 --repeats 5
+    fastvec bench mypackage.envs:MyEnv --env-kwargs size=8   # an env of your own
 
 Measures env steps per second of ``fastvec.AsyncVectorEnv`` and of
 ``gymnasium.vector.SyncVectorEnv`` on the same env, with the same random actions
@@ -18,8 +19,8 @@ import statistics
 import sys
 import time
 
-from ._cli_util import OneLineParser, positive_int
-from .env_ids import env_id_problem, make_env
+from ._cli_util import OneLineParser, positive_int, settings_arg
+from .env_ids import env_problem, make_env
 
 __all__ = ["main", "run"]
 
@@ -33,7 +34,17 @@ def build_parser() -> OneLineParser:
         "on one env, median and range over interleaved rounds.",
     )
     p.add_argument(
-        "env_id", nargs="?", default="CartPole-v1", help="gymnasium env id (default CartPole-v1; ALE/... needs ale-py)"
+        "env_id",
+        nargs="?",
+        default="CartPole-v1",
+        help="gymnasium env id (default CartPole-v1; ALE/... needs ale-py), or your own: MODULE:ENV_ID, MODULE:CALLABLE",
+    )
+    p.add_argument(
+        "--env-kwargs",
+        type=settings_arg,
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="the env's settings: gymnasium.make's keyword arguments, or an entry point's",
     )
     p.add_argument("--num-envs", type=positive_int, default=16, metavar="N", help="envs per vector env (default 16)")
     p.add_argument(
@@ -78,19 +89,22 @@ def run(
     num_workers: int | None = None,
     repeats: int = 3,
     seed: int = 0,
+    *,
+    env_kwargs: dict | None = None,
 ) -> dict:
-    """Measure both vector envs; returns ``{"sync": [sps per round], "fastvec": [...], ...}``."""
+    """Measure both vector envs; returns ``{"sync": [sps per round], "fastvec": [...], ...}``.
+    ``env_kwargs``: the env's settings (``fastvec.env_ids.make_env``)."""
     import gymnasium as gym
     import numpy as np
 
     import fastvec
 
-    fns = [functools.partial(make_env, env_id)] * num_envs
+    fns = [functools.partial(make_env, env_id, dict(env_kwargs or {}))] * num_envs
     candidates = {
         "sync": lambda: gym.vector.SyncVectorEnv(fns),
         "fastvec": lambda: fastvec.AsyncVectorEnv(fns, num_workers=num_workers),
     }
-    probe = make_env(env_id)
+    probe = fns[0]()
     try:
         space = probe.action_space
         space.seed(seed)
@@ -151,7 +165,7 @@ def main(name: str = "bench", argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
-        why = env_id_problem(args.env_id, agents=False)
+        why = env_problem(args.env_id, args.env_kwargs, agents=False)
         if why:
             parser.error(why)
     except SystemExit as exc:  # a usage error, already printed as one line (or --help: 0)
@@ -159,7 +173,15 @@ def main(name: str = "bench", argv: list[str] | None = None) -> int:
             return 2
         raise
     try:
-        res = run(args.env_id, args.num_envs, args.steps, args.num_workers, args.repeats, args.seed)
+        res = run(
+            args.env_id,
+            args.num_envs,
+            args.steps,
+            args.num_workers,
+            args.repeats,
+            args.seed,
+            env_kwargs=args.env_kwargs,
+        )
     except Exception as exc:  # the env failed to build or step: one line, not a traceback
         text = str(exc).strip().splitlines()
         print(f"fastvec bench: failed: {type(exc).__name__}: {text[0] if text else ''}", file=sys.stderr)

@@ -2,7 +2,9 @@
 ``fastvec report``.
 
 Each subcommand lives in its own module and is imported only when used, so that
-``fastvec bench --help`` does not import torch.
+``fastvec bench --help`` does not import torch. The current directory is searched last
+for modules, so that an env of your own (``MODULE:NAME``, ``fastvec.env_ids``) in the
+folder the command runs from is found, as ``python -m fastvec`` would find it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fastvec: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     import importlib
+    import os
 
+    if "" not in sys.path and os.getcwd() not in sys.path:  # (a console script's path lacks it)
+        sys.path.append(os.getcwd())
     module = importlib.import_module(_COMMANDS[name][0])
     return int(module.main(name, argv[1:]) or 0)
 

@@ -1,6 +1,7 @@
 """``fastvec tune``: the layout that steps fastest on your env, measured.
 
     fastvec tune HalfCheetah-v5 --num-envs 16 --policy-us 1000
+    fastvec tune mypackage.envs:MyEnv --env-kwargs size=8   # an env of your own
 
 Each candidate layout (workers, lock-step or batches, placement) is timed on the envs
 themselves with ``fastvec.AsyncVectorEnv``, in a loop with a stand-in for the caller's
@@ -16,8 +17,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import worker_layouts
-from ._cli_util import OneLineParser, positive_int
-from .env_ids import env_id_problem, make_env
+from ._cli_util import OneLineParser, positive_int, settings_arg
+from .env_ids import env_problem, make_env
 from .options import available_cores
 from .worker_layouts import KEEP, Layout, TuneResult, choose, layouts
 
@@ -71,7 +72,16 @@ def build_parser() -> OneLineParser:
         description="Time fastvec's candidate layouts (workers, lock-step or batches, placement) on an env and "
         "print the fastest, with the runner-up.",
     )
-    p.add_argument("env_id", help="gymnasium env id (ALE/... needs ale-py)")
+    p.add_argument(
+        "env_id", help="gymnasium env id (ALE/... needs ale-py), or your own: MODULE:ENV_ID, MODULE:CALLABLE"
+    )
+    p.add_argument(
+        "--env-kwargs",
+        type=settings_arg,
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="the env's settings: gymnasium.make's keyword arguments, or an entry point's",
+    )
     p.add_argument("--num-envs", type=positive_int, default=16, metavar="N", help="envs (default 16)")
     p.add_argument(
         "--policy-us",
@@ -88,14 +98,14 @@ def build_parser() -> OneLineParser:
 def main(name: str = "tune", argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    why = env_id_problem(args.env_id, agents=False)
+    why = env_problem(args.env_id, args.env_kwargs, agents=False)
     if why is not None:
         p.error(why)
     if not 0 <= args.policy_us < 1e6:
         p.error(f"--policy-us must be in [0, 1e6), got {args.policy_us:g}")
     if not 0 < args.seconds <= 60:
         p.error(f"--seconds must be in (0, 60], got {args.seconds:g}")
-    fns = [functools.partial(make_env, args.env_id)] * args.num_envs
+    fns = [functools.partial(make_env, args.env_id, dict(args.env_kwargs or {}))] * args.num_envs
     result = tune(fns, args.policy_us, args.seconds, batches=not args.no_batches)
     print(f"fastvec tune {args.env_id}, {args.num_envs} envs, {available_cores()} cores")
     print(result)

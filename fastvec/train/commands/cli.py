@@ -5,7 +5,7 @@ and calls ``fastvec.train.commands.launch.run_training`` (what it does from Pyth
 eval`` calls ``fastvec.train.commands.evaluate.evaluate``.
 
     fastvec train ENV_ID [--seed N] [--num-envs N] [--num-workers N] [--total-steps N]
-                  [--mix [id=ID,][count=N,]key=value,... ...]
+                  [--env-kwargs key=value,...] [--mix [id=ID,][count=N,]key=value,... ...]
                   [--stop-at-return R] [--max-time 5m] [--device auto|cpu|cuda] [--logdir DIR]
                   [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
                   [--checkpoint-every N] [--backend engine|ray] [--ray-address ADDR] [--actors N]
@@ -33,6 +33,7 @@ import signal
 import sys
 
 from ..._cli_util import OneLineParser as _Parser
+from ..._cli_util import duration, settings_arg
 from .launch import build_storage, check_backend, main_spin_for, run_training
 
 __all__ = ["main", "build_config", "build_storage", "main_spin_for", "run_training"]
@@ -55,7 +56,8 @@ def _train_parser() -> argparse.ArgumentParser:
         "env_id",
         nargs="?",
         default=None,
-        help="gymnasium env id, e.g. CartPole-v1, ALE/Pong-v5 (with --resume: the run's)",
+        help="gymnasium env id, e.g. CartPole-v1, ALE/Pong-v5, or your own: MODULE:ENV_ID, MODULE:CALLABLE "
+        "(with --resume: the run's)",
     )
     _run_flags(p)
     _file_flags(p)
@@ -75,6 +77,13 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
         help="a group of the run's envs (repeatable): [id=ENV_ID,][count=N,]setting=value,... with the "
         "env's constructor settings, e.g. --mix frame_skip=5 --mix frame_skip=20 (ENV_ID's preset; "
         "uncounted groups share the envs equally; a mix is placed on the workers by cost)",
+    )
+    p.add_argument(
+        "--env-kwargs",
+        type=settings_arg,
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="the env's settings: gymnasium.make's keyword arguments, or an entry point's (MODULE:CALLABLE)",
     )
     p.add_argument("--num-workers", type=int, default=None)
     p.add_argument("--total-steps", type=float, default=None, help="env steps (1e6 accepted)")
@@ -199,22 +208,6 @@ def build_config(env_id: str, args):
     ):
         cfg.env_groups = 1  # nor may a preset's batch groups block --num-envs, --num-workers or Ray
     return cfg.validate()
-
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def duration(text: str) -> float:
-    """``--max-time``: seconds, or a number with s, m or h (``90s``, ``5m``, ``1.5h``)."""
-    t = text.strip().lower()
-    scale = _UNITS.get(t[-1:], None)
-    try:
-        v = float(t[:-1] if scale else t) * (scale or 1.0)
-    except ValueError:
-        v = float("nan")
-    if not (v > 0 and v != float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a positive duration like 300, 90s, 5m or 1.5h, got {text!r}")
-    return v
 
 
 def _mix_num_envs(cfg, args) -> None:
@@ -344,8 +337,8 @@ def _train_config(args):
 
     resume = None
     if args.resume is not None:
-        if args.mix:
-            raise ValueError("--resume continues the run's envs; it does not take --mix")
+        if args.mix or args.env_kwargs is not None:
+            raise ValueError("--resume continues the run's envs; it does not take --mix or --env-kwargs")
         resume = _resume_target(args)
         args.env_id = resume[1]["env_id"]
         cfg = resume_config(resume[1], args)
@@ -390,6 +383,7 @@ def _train_run(args, cfg, run_dir: str, init, resume) -> int:
                 progress=not args.no_progress,
                 tensorboard=not args.no_tensorboard,
                 init_from=init,
+                env_kwargs=args.env_kwargs,
                 mix=args.mix,
                 backend=args.backend,
                 ray_address=args.ray_address,

@@ -73,8 +73,9 @@ def evaluate(
 
 
 def _env_of(ckpt: dict, env_id: str | None, episodes: int) -> str:
-    """The env id to evaluate on (the checkpoint's; one given must agree); ValueError on bad input."""
-    from ..config.presets import check_env_id
+    """The env id to evaluate on (the checkpoint's; one given must agree); ValueError on
+    bad input: an env of your own whose module does not import here, too."""
+    from ..config.presets import check_env
 
     ck_env = ckpt.get("env_id")
     if env_id is not None and ck_env is not None and env_id != ck_env:
@@ -82,7 +83,8 @@ def _env_of(ckpt: dict, env_id: str | None, episodes: int) -> str:
     env_id = env_id or ck_env
     if env_id is None:
         raise ValueError("the checkpoint does not name its env; pass env_id")
-    check_env_id(env_id)
+    for g in ckpt.get("mix") or [{"env_id": env_id, "env_kwargs": ckpt.get("env_kwargs")}]:
+        check_env(g["env_id"], g["env_kwargs"])
     if episodes < 1:
         raise ValueError(f"episodes must be a positive integer, got {episodes}")
     return env_id

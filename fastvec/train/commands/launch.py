@@ -208,6 +208,10 @@ def _check_envs(cfg, env_id, *, venv, env_kwargs, mix, backend, ray_address, ray
         from ..config.mix import settle_mix
 
         env_kwargs, mix = settle_mix(mix, env_id, env_kwargs, cfg.num_envs)
+    elif venv is None and not is_pettingzoo(env_id):  # (an entry point, or settings: one env built here)
+        from ..config.presets import check_env
+
+        check_env(env_id, env_kwargs)
     if backend not in ("engine", "ray"):
         raise ValueError(f"backend must be 'engine' or 'ray', got {backend!r}")
     if backend != "ray" and (ray_address is not None or ray_actors is not None):

@@ -6,7 +6,9 @@ the run's env id), ``count`` (default: an equal share of the envs the counted gr
 leave) and the env's constructor settings (``gymnasium.make(id, **settings)``); a value
 is read as JSON where it parses (``20``, ``0.1``, ``true``, ``[1, 2]``), as text
 otherwise. Envs are numbered group by group, in the order given. The presets, the solve
-threshold and the run's name are the run's env id's.
+threshold and the run's name are the run's env id's. An id may be an env of your own
+(``MODULE:ENV_ID`` or ``MODULE:CALLABLE``, ``fastvec.env_ids``), its settings then
+the entry point's keyword arguments.
 
 A resolved mix is a list of ``{"env_id", "env_kwargs", "count"}`` dicts (what a
 checkpoint keeps); a single group of the run's own env id is no mix, only settings
@@ -18,7 +20,6 @@ this process, before any worker starts.
 from __future__ import annotations
 
 import json
-import re
 
 from .settings import ConfigError
 
@@ -34,35 +35,18 @@ __all__ = [
     "describe_mix",
 ]
 
-_SPLIT = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_.]*\s*=)")  # commas that start the next key
-
 
 def parse_group(text: str) -> dict:
     """``"id=CartPole-v0,count=4,key=value"`` as ``{"env_id", "count", "env_kwargs"}``
     (``env_id`` and ``count`` None where not given); ConfigError on bad text."""
-    if not isinstance(text, str) or not text.strip():
-        raise ConfigError(f"--mix expects key=value[,key=value...], got {text!r}")
-    group: dict = {"env_id": None, "count": None, "env_kwargs": {}}
-    for item in _SPLIT.split(text.strip()):
-        key, eq, raw = item.partition("=")
-        key = key.strip()
-        if not eq or not key:
-            raise ConfigError(f"--mix expects key=value[,key=value...], got {text!r}")
-        field = {"id": "env_id", "count": "count"}.get(key)
-        if key in group["env_kwargs"] or (field is not None and group[field] is not None):
-            raise ConfigError(f"--mix {text!r} gives {key} twice")
-        if field is None:
-            group["env_kwargs"][key] = _value(raw.strip())
-        else:
-            group[field] = _value(raw.strip())
-    return _checked(group)
+    from ...env_ids import parse_settings
 
-
-def _value(raw: str):
     try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
+        settings = parse_settings(text, "--mix")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    group = {"env_id": settings.pop("id", None), "count": settings.pop("count", None), "env_kwargs": settings}
+    return _checked(group)
 
 
 def _as_group(g) -> dict:

@@ -2,8 +2,10 @@
 
 ``preset_for(env_id)`` returns the overrides for ``PPOConfig`` (every one of them can be
 overridden again from the command line with ``--set key=value``). ``env_factory`` builds
-the picklable env constructor the workers call: plain ``gymnasium.make`` for most ids,
-and the standard Atari pipeline for ``ALE/...`` ids.
+the picklable env constructor the workers call: plain ``gymnasium.make`` for most ids
+(``MODULE:ENV_ID`` too, which imports ``MODULE`` in the worker first), the entry point
+for a ``MODULE:CALLABLE`` (``fastvec.env_ids``), and the standard Atari pipeline for
+``ALE/...`` ids.
 
 Where the numbers come from:
 
@@ -79,13 +81,15 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from ...env_ids import env_id_problem, is_atari
+from ...env_ids import env_id_problem, env_problem, is_atari, make_entry_env, own_env_kind, registered_spec
+from .rules import ConfigError
 
 __all__ = [
     "PRESETS",
     "preset_for",
     "env_factory",
     "check_env_id",
+    "check_env",
     "is_atari",
     "solve_threshold",
     "CartPoleNoVel",
@@ -278,10 +282,21 @@ _ATARI_DEFAULTS = {**PRESETS["ALE/Pong-v5"], "solve_return": None}
 
 
 def check_env_id(env_id: str) -> None:
-    """Raise ValueError with a one-line message if gymnasium does not know ``env_id``."""
+    """Raise ValueError with a one-line message if ``env_id`` names no env
+    (``fastvec.env_ids.env_id_problem``: it builds none)."""
     why = env_id_problem(env_id)
     if why is not None:
         raise ValueError(why)
+
+
+def check_env(env_id: str, env_kwargs: dict | None = None) -> None:
+    """``check_env_id``, and for an entry point (``MODULE:CALLABLE``) one env built in
+    this process with ``env_kwargs``: ConfigError, one line, where it fails to build or is
+    no ``gymnasium.Env`` (``fastvec.env_ids.env_problem``); the same where settings are
+    given for any other id (one env built with them)."""
+    why = env_problem(env_id, env_kwargs)
+    if why is not None:
+        raise ConfigError(why)
 
 
 def preset_for(env_id: str, zoo: bool = False) -> dict:
@@ -301,10 +316,8 @@ def solve_threshold(env_id: str) -> float | None:
     p = preset_for(env_id)
     if p.get("solve_return") is not None:
         return float(p["solve_return"])
-    try:
-        return gym.spec(env_id).reward_threshold
-    except Exception:
-        return None
+    spec = registered_spec(env_id)
+    return None if spec is None else spec.reward_threshold
 
 
 def _make_plain(env_id: str, env_kwargs: dict):
@@ -327,6 +340,8 @@ def _make_atari(env_id: str, env_kwargs: dict):
 def env_factory(env_id: str, env_kwargs: dict | None = None):
     """A picklable zero-argument callable that builds one env for ``env_id``."""
     env_kwargs = dict(env_kwargs or {})
+    if own_env_kind(env_id) == "entry":
+        return functools.partial(make_entry_env, env_id, env_kwargs)
     if is_atari(env_id):
         return functools.partial(_make_atari, env_id, env_kwargs)
     return functools.partial(_make_plain, env_id, env_kwargs)
