@@ -28,8 +28,6 @@ import torch
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from envs import ImageEnv
-
 from fastvec.cli import main as fastvec_main
 from fastvec.train import (
     PPOConfig,
@@ -150,8 +148,37 @@ KINDS = {  # name: (env maker, envs for the recording, config overrides)
 }
 
 
+class SideEnv(gym.Env):
+    """36x36 two-channel images (channels last), each half of a random brightness; the reward is 1 where the action
+    names the brighter half of the image seen one step before, so a policy's actions turn
+    on what it sees and on what it remembers. Episodes of 5-20 steps."""
+
+    observation_space = gym.spaces.Box(0, 255, (36, 36, 2), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def _image(self):
+        """Each half one random level, with noise."""
+        left, right = self.np_random.integers(0, 224, 2)
+        img = self.np_random.integers(0, 32, (36, 36, 2), dtype=np.uint8)
+        img[:, :18] += np.uint8(left)
+        img[:, 18:] += np.uint8(right)
+        self.prev, self.img = self.img, img
+        return img
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.length, self.img = 0, int(self.np_random.integers(5, 21)), None
+        return self._image(), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = self._image()
+        brighter = int(self.prev[:, 18:].mean() > self.prev[:, :18].mean())
+        return obs, float(int(action) == brighter), self.t >= self.length, False, {}
+
+
 def _image_env():
-    return ImageEnv(shape=(36, 36, 2))
+    return SideEnv()
 
 
 def _train(name: str, run_dir: str) -> str:
@@ -198,6 +225,13 @@ def _record(name: str, run_dir: str):
     return np.concatenate(obs_seen), None, np.concatenate(acts)
 
 
+def _forgetful(run_dir: str, obs) -> list:
+    """A recurrent policy's deterministic actions on ``obs`` ``[T, n, ...]`` fed a zero
+    state at every step."""
+    pol = policy_from_checkpoint(load_checkpoint(run_dir))
+    return [pol.predict(o, state=torch.zeros(o.shape[0], pol.state_size)).tolist() for o in obs]
+
+
 def _child(tmp_path, job: dict) -> None:
     """Run ``CHILD`` on ``job`` in a fresh interpreter (``-I``: no PYTHONPATH, no user site,
     not the script's folder) started outside the source tree."""
@@ -227,6 +261,10 @@ def runs(tmp_path_factory):
 def test_exported_actions_equal_the_trainers_without_fastvec(runs, name, tmp_path):
     run = runs(name)
     obs, starts, want = _record(name, run)
+    if name != "gaussian":  # the actions turn on the observations (and the state): a wrong input shows
+        assert len(np.unique(want)) > 1, "the policy plays one action only"
+    if starts is not None:
+        assert _forgetful(run, obs) != want.tolist(), "the state changes no action"
     np.save(tmp_path / "obs.npy", obs)
     if starts is not None:
         np.save(tmp_path / "starts.npy", starts)
