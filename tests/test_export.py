@@ -309,15 +309,19 @@ def test_onnx_returns_equal_fastvec_evals_without_fastvec(runs, name, tmp_path, 
 
 
 def test_a_run_directory_exports_its_newest_checkpoint(runs, tmp_path):
-    """Periodic checkpoints only: the one with the most env steps."""
+    """Of checkpoint.pt and checkpoints/step-*.pt, the one with the most env steps (a
+    resumed run killed after a periodic checkpoint leaves an older checkpoint.pt)."""
     ck = torch.load(os.path.join(runs("mlp"), "checkpoint.pt"), weights_only=False)
-    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-    for steps in (512, 1024, 768):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for steps, path in ((768, run / "checkpoint.pt"), (512, None), (1024, None)):
         ck["env_steps"] = steps
-        torch.save(ck, tmp_path / "run" / "checkpoints" / f"step-{steps:012d}.pt")
-    info = export_policy(str(tmp_path / "run"), str(tmp_path / "out" / "p.pt"), format="torchscript")
+        torch.save(ck, path or run / "checkpoints" / f"step-{steps:012d}.pt")
+    info = export_policy(str(run), str(tmp_path / "out" / "p.pt"), format="torchscript")
     assert info["checkpoint"].endswith("step-000000001024.pt") and info["env_steps"] == 1024
     assert os.path.isfile(tmp_path / "out" / "p.pt")
+    (run / "checkpoints" / "step-000000001024.pt").write_bytes(b"half a file")  # unreadable: skipped
+    assert export_policy(str(run), str(tmp_path / "p.pt"), format="torchscript")["env_steps"] == 768
 
 
 def test_stochastic_export_samples_the_policys_distribution(runs, tmp_path):
@@ -348,6 +352,7 @@ SPACES = {  # observation and action spaces the policy takes, beyond the trained
     "multibinary": (gym.spaces.MultiDiscrete([4, 2]), gym.spaces.MultiBinary(3)),
     "unbounded-box": (gym.spaces.Box(-1, 1, (2, 3)), gym.spaces.Box(-np.inf, np.inf, (2,))),
     "gru": (gym.spaces.Box(-1, 1, (3,), np.float64), gym.spaces.Discrete(4)),
+    "bounded-box": (gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(np.array([-1, 0]), np.array([1, np.inf]), (2,))),
 }
 
 
@@ -366,6 +371,8 @@ def test_every_kind_of_space_exports(name, tmp_path):
     pol = make_policy(obs_space, act_space, hidden=(8,), core=core, core_size=4, normalize_obs=cfg.normalize_obs)
     if pol.obs_norm is not None:
         pol.update_obs_norm(torch.randn(64, 6) * 3 + 1)
+    with torch.no_grad():
+        pol.actor_head.weight.mul_(300)  # means well past the bounds, where there are any
     ppo = SimpleNamespace(policy=pol, cfg=cfg, env_steps=0)
     ppo.storage = SimpleNamespace(single_observation_space=obs_space, single_action_space=act_space)
     save_checkpoint(str(tmp_path / "ck.pt"), ppo, None, None)
@@ -392,6 +399,8 @@ def test_every_kind_of_space_exports(name, tmp_path):
             if pol.recurrent:
                 fed = got[1]
             np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6, err_msg=fmt)
+            if name == "bounded-box":  # the bounds bind: some means were clipped, below and above
+                assert (want[:, 0] == -1).any() and (want[:, 0] == 1).any() and (want[:, 1] == 0).any()
             assert got[0].dtype == want.dtype
 
 
