@@ -70,11 +70,11 @@ def load(kind, path):
 
         sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         names = [i.name for i in sess.get_inputs()]
-        meta = json.loads(sess.get_modelmeta().custom_metadata_map["fastvec"])
+        meta = json.loads(sess.get_modelmeta().custom_metadata_map["fastvec_policy"])
         return (lambda *xs: sess.run(None, dict(zip(names, xs)))), meta
     import torch
 
-    extra = {"fastvec.json": ""}
+    extra = {"fastvec_policy.json": ""}
     module = torch.jit.load(path, _extra_files=extra)
 
     def run(*xs):
@@ -82,7 +82,7 @@ def load(kind, path):
             out = module(*[torch.from_numpy(x) for x in xs])
         return [o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
 
-    return run, json.loads(extra["fastvec.json"])
+    return run, json.loads(extra["fastvec_policy.json"])
 
 
 def actions(job):

@@ -11,7 +11,8 @@ observation normaliser inside, deterministic unless ``--stochastic``. Inputs ``o
 ``state``); outputs ``action`` (and ``next_state``); the batch dimension is free.
 
 The file carries what the run was (env id, spaces, env steps, state size) as JSON: a
-TorchScript file's extra file ``fastvec.json``, an ONNX model's metadata key ``fastvec``.
+TorchScript file's extra file ``fastvec_policy.json``, an ONNX model's metadata key
+``fastvec_policy``.
 
 Prints one JSON object (the file, its inputs and outputs) and exits 0. Bad input (an
 unknown format, a run directory without a checkpoint, a format whose packages are not
@@ -126,7 +127,7 @@ def _write_torchscript(module: DeployedPolicy, example, out: str, info: dict) ->
     # Traced, not scripted: the forward's branches on the policy's kind are fixed here.
     with torch.no_grad(), _quiet():
         traced = torch.jit.trace(module, example, check_trace=module.deterministic)
-        torch.jit.save(traced, out, _extra_files={"fastvec.json": json.dumps(info)})
+        torch.jit.save(traced, out, _extra_files={"fastvec_policy.json": json.dumps(info)})
 
 
 def _write_onnx(module: DeployedPolicy, example, out: str, info: dict, names) -> None:
@@ -148,7 +149,7 @@ def _write_onnx(module: DeployedPolicy, example, out: str, info: dict, names) ->
             verbose=False,
         )
     model = onnx.load(out)
-    onnx.helper.set_model_props(model, {"fastvec": json.dumps(info)})
+    onnx.helper.set_model_props(model, {"fastvec_policy": json.dumps(info)})
     onnx.save(model, out)
 
 
