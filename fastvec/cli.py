@@ -1,5 +1,5 @@
-"""``fastvec`` command line: ``fastvec train``, ``fastvec eval``, ``fastvec bench``, ``fastvec tune``,
-``fastvec report``.
+"""``fastvec`` command line: ``fastvec train``, ``fastvec eval``, ``fastvec export``, ``fastvec bench``,
+``fastvec tune``, ``fastvec report``.
 
 Each subcommand lives in its own module and is imported only when used, so that
 ``fastvec bench --help`` does not import torch. The current directory is searched last
@@ -14,6 +14,7 @@ import sys
 _COMMANDS = {
     "train": ("fastvec.train.commands.cli", "Train PPO on a gymnasium env with fastvec."),
     "eval": ("fastvec.train.commands.cli", "Evaluate a checkpoint written by `fastvec train`."),
+    "export": ("fastvec.train.commands.export", "Write a trained policy as a TorchScript or ONNX file."),
     "bench": ("fastvec.bench", "Env steps/s of fastvec against gymnasium's SyncVectorEnv on an env."),
     "tune": ("fastvec.tune", "Time fastvec's layouts (workers, batches, placement) on an env; print the fastest."),
     "report": ("fastvec.report", "Compare groups of finished runs: mean, median, IQM with 95% intervals, P(A > B)."),

@@ -11,7 +11,7 @@ this list (``tests/test_house.py`` keeps the order; ``docs/ARCHITECTURE.md`` dra
 - ``algo``: PPO's collect, targets and update, the optimiser, statistics, checkpoints;
 - ``pipelines``: lock-step, or the async collector and its learner process;
 - ``run``: the loop over rollouts, its report, run directory and stops;
-- ``commands``: ``fastvec train`` and ``fastvec eval``, and ``run_training``.
+- ``commands``: ``fastvec train``, ``fastvec eval``, ``fastvec export``, and ``run_training``.
 
 A layer's ``__init__`` lists its modules and exports nothing: a name is imported from the
 module that defines it, or, for the public ones, from ``fastvec.train`` (``__all__`` below).
@@ -37,6 +37,7 @@ torch, so forking a parent whose torch thread pools exist is safe. Use
 from .algo.checkpoints import load_checkpoint, policy_from_checkpoint, resume_checkpoint, save_checkpoint
 from .algo.ppo import PPO
 from .commands.evaluate import evaluate
+from .commands.export import export_policy
 from .commands.launch import run_training
 from .config.overrides import apply_overrides
 from .config.presets import env_factory, preset_for, solve_threshold
@@ -72,4 +73,5 @@ __all__ = [
     "resume_checkpoint",
     "policy_from_checkpoint",
     "evaluate",
+    "export_policy",
 ]

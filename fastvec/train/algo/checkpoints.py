@@ -38,6 +38,7 @@ __all__ = [
     "check_spaces",
     "PeriodicCheckpoints",
     "resume_checkpoint",
+    "newest_checkpoint",
     "upgrade_state_dict",
 ]
 
@@ -284,3 +285,27 @@ def resume_checkpoint(run_dir: str) -> tuple[str, dict]:
             "(weights only, no training state); start a new run with --init-from it"
         )
     raise ValueError(f"--resume: no readable checkpoint in {run_dir}")
+
+
+def newest_checkpoint(path: str) -> tuple[str, dict]:
+    """The checkpoint ``path`` names: a checkpoint file, or a run directory's newest (of
+    ``checkpoint.pt`` and ``checkpoints/step-*.pt``, the readable one with the most env
+    steps; ``checkpoint.pt`` on a tie). ValueError (one line) when there is none."""
+    if not os.path.isdir(path):
+        return path, load_checkpoint(path)
+    final = os.path.join(path, "checkpoint.pt")
+    paths = ([final] if os.path.exists(final) else []) + _periodic(os.path.join(path, "checkpoints"))[::-1]
+    if not paths:
+        raise ValueError(f"{path} holds no checkpoint (checkpoint.pt or checkpoints/step-*.pt)")
+    best, first_error = None, None
+    for p in paths:
+        try:
+            ck = load_checkpoint(p)
+        except ValueError as exc:
+            first_error = first_error or exc
+            continue
+        if best is None or int(ck.get("env_steps") or 0) > int(best[1].get("env_steps") or 0):
+            best = (p, ck)
+    if best is None:
+        raise ValueError(f"{path} holds no readable checkpoint ({first_error})")
+    return best
