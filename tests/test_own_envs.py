@@ -24,7 +24,9 @@ import fastvec
 from fastvec.env_ids import env_problem, own_env_kind, parse_settings
 from fastvec.train.config.presets import env_factory
 
-ROOT = Path(__file__).resolve().parent.parent
+# Where this process imports fastvec from (the installed package under CI, a built
+# source tree while developing): the fresh interpreters import the same one.
+ROOT = Path(fastvec.__file__).resolve().parent.parent
 MOD = "fvown"  # the module the tests write; it registers FvOwnDrift-v0
 ENV_ID = f"{MOD}:FvOwnDrift-v0"
 ENTRY = f"{MOD}:make_drift"

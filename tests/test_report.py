@@ -162,6 +162,7 @@ def test_bad_input_exit_status_from_the_command_line(tmp_path):
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        cwd=tmp_path,  # (not the source tree, whose unbuilt fastvec would come first)
     )
     assert p.returncode == 2 and p.stderr.strip() == f"fastvec report: error: '{tmp_path}/none-*' matches nothing"
 
@@ -174,7 +175,10 @@ def test_report_imports_no_torch(tmp_path):
         "assert rc == 0 and 'torch' not in sys.modules, (rc, 'torch imported')"
     )
     subprocess.run(
-        [sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        [sys.executable, "-c", code],
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        cwd=tmp_path,  # (not the source tree, whose unbuilt fastvec would come first)
     )
 
 
@@ -187,7 +191,7 @@ def cartpole_runs(tmp_path_factory):
         cmd = [sys.executable, "-m", "fastvec", "train", "CartPole-v1", "--total-steps", "4096", "--seed", str(seed)]
         cmd += ["--logdir", str(root / f"cp-{seed}"), "--no-progress", "--no-tensorboard", "--set", "log_every_s=0.02"]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=120)
+        subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=120, cwd=root)
     return root
 
 

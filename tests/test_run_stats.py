@@ -6,6 +6,7 @@ pairwise count), the intervals' coverage, and curves on a grid."""
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 
@@ -189,9 +190,10 @@ def test_bad_input_is_one_line(call, message):
     assert "\n" not in str(e.value)
 
 
-def test_imports_without_torch():
+def test_imports_without_torch(tmp_path):
     code = "import sys, fastvec.run_stats; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env=env)  # (not the source tree)
 
 
 def test_constants():
