@@ -50,3 +50,14 @@ def settings_arg(text: str) -> dict:
         return parse_settings(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_env_kwargs(parser: argparse.ArgumentParser) -> None:
+    """The ``--env-kwargs KEY=VALUE,...`` flag every command that makes envs takes."""
+    parser.add_argument(
+        "--env-kwargs",
+        type=settings_arg,
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="the env's settings: gymnasium.make's keyword arguments, or an entry point's (MODULE:CALLABLE)",
+    )

@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from ._cli_util import OneLineParser, positive_int, settings_arg
+from ._cli_util import OneLineParser, add_env_kwargs, positive_int
 from .env_ids import env_problem, make_env
 
 __all__ = ["main", "run"]
@@ -39,13 +39,7 @@ def build_parser() -> OneLineParser:
         default="CartPole-v1",
         help="gymnasium env id (default CartPole-v1; ALE/... needs ale-py), or your own: MODULE:ENV_ID, MODULE:CALLABLE",
     )
-    p.add_argument(
-        "--env-kwargs",
-        type=settings_arg,
-        default=None,
-        metavar="KEY=VALUE,...",
-        help="the env's settings: gymnasium.make's keyword arguments, or an entry point's",
-    )
+    add_env_kwargs(p)
     p.add_argument("--num-envs", type=positive_int, default=16, metavar="N", help="envs per vector env (default 16)")
     p.add_argument(
         "--steps",

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import worker_layouts
-from ._cli_util import OneLineParser, positive_int, settings_arg
+from ._cli_util import OneLineParser, add_env_kwargs, positive_int
 from .env_ids import env_problem, make_env
 from .options import available_cores
 from .worker_layouts import KEEP, Layout, TuneResult, choose, layouts
@@ -75,13 +75,7 @@ def build_parser() -> OneLineParser:
     p.add_argument(
         "env_id", help="gymnasium env id (ALE/... needs ale-py), or your own: MODULE:ENV_ID, MODULE:CALLABLE"
     )
-    p.add_argument(
-        "--env-kwargs",
-        type=settings_arg,
-        default=None,
-        metavar="KEY=VALUE,...",
-        help="the env's settings: gymnasium.make's keyword arguments, or an entry point's",
-    )
+    add_env_kwargs(p)
     p.add_argument("--num-envs", type=positive_int, default=16, metavar="N", help="envs (default 16)")
     p.add_argument(
         "--policy-us",

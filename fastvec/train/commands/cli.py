@@ -33,7 +33,7 @@ import signal
 import sys
 
 from ..._cli_util import OneLineParser as _Parser
-from ..._cli_util import duration, settings_arg
+from ..._cli_util import add_env_kwargs, duration
 from .launch import build_storage, check_backend, main_spin_for, run_training
 
 __all__ = ["main", "build_config", "build_storage", "main_spin_for", "run_training"]
@@ -78,13 +78,7 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
         "env's constructor settings, e.g. --mix frame_skip=5 --mix frame_skip=20 (ENV_ID's preset; "
         "uncounted groups share the envs equally; a mix is placed on the workers by cost)",
     )
-    p.add_argument(
-        "--env-kwargs",
-        type=settings_arg,
-        default=None,
-        metavar="KEY=VALUE,...",
-        help="the env's settings: gymnasium.make's keyword arguments, or an entry point's (MODULE:CALLABLE)",
-    )
+    add_env_kwargs(p)
     p.add_argument("--num-workers", type=int, default=None)
     p.add_argument("--total-steps", type=float, default=None, help="env steps (1e6 accepted)")
     p.add_argument(
