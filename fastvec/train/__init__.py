@@ -39,6 +39,7 @@ from .algo.ppo import PPO
 from .commands.evaluate import evaluate
 from .commands.export import export_policy
 from .commands.launch import run_training
+from .commands.members import run_members
 from .config.overrides import apply_overrides
 from .config.presets import env_factory, preset_for, solve_threshold
 from .config.settings import ConfigError, PPOConfig, TransportConfig
@@ -59,6 +60,7 @@ __all__ = [
     "train",
     "Monitor",
     "run_training",
+    "run_members",
     "LearnerError",
     "RestartLimitError",
     "PPO",

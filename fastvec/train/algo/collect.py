@@ -49,7 +49,7 @@ class Collector:
         self.threads.use(self.threads.act)
         views = rollout.steps_by_group()
         with torch.inference_mode():
-            self._draw_noise(rollout.noise)
+            self.draw_noise(rollout.noise)
             if rollout.memory:
                 t_act, t_env = self._recurrent(rollout)
             elif views is not None:
@@ -57,12 +57,16 @@ class Collector:
             else:
                 t_act, t_env = self._lockstep(rollout)
             rollout.last_obs_to_device()
+        self.count(t_act, t_env, rollout.T)
+
+    def count(self, t_act: float, t_env: float, T: int) -> None:
+        """A rollout of ``T`` steps took ``t_act`` seconds acting, ``t_env`` in the envs."""
         self.t_act += t_act
         self.t_env += t_env
-        self.last_env_latency = t_env / rollout.T
-        self.last_act_latency = t_act / rollout.T
+        self.last_env_latency = t_env / T
+        self.last_act_latency = t_act / T
 
-    def _draw_noise(self, noise: torch.Tensor) -> None:
+    def draw_noise(self, noise: torch.Tensor) -> None:
         """The rollout's sampling noise; with several ranks, this rank's envs' share of
         the whole run's draw (``fastvec.train.compute.ranks``: the same actions as on one rank)."""
         sample_noise, ranks = self.policy.dist.sample_noise, self.ranks

@@ -153,6 +153,11 @@ class PPO:
     def collect(self) -> None:
         """One rollout of T steps on every env; its episodes into the statistics."""
         self.collector.run(self.rollout)
+        self.count_rollout()
+
+    def count_rollout(self) -> None:
+        """A rollout collected into the storage (by ``collect``, or by a population for
+        all its members at once): its steps counted, its episodes into the statistics."""
         self.env_steps += self.T * self.N * self.ranks.world
         b, tr = self.storage, self.tracker
         n_before = tr.episodes

@@ -35,6 +35,7 @@ import sys
 from ..._cli_util import OneLineParser as _Parser
 from ..._cli_util import add_env_kwargs, duration
 from .launch import build_storage, check_backend, main_spin_for, run_training
+from .members import add_member_flags, is_population, member_path, members_call
 
 __all__ = ["main", "build_config", "build_storage", "main_spin_for", "run_training"]
 
@@ -60,6 +61,7 @@ def _train_parser() -> argparse.ArgumentParser:
         "(with --resume: the run's)",
     )
     _run_flags(p)
+    add_member_flags(p)
     _file_flags(p)
     _backend_flags(p)
     return p
@@ -173,6 +175,7 @@ def _eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", default=None, help="check the checkpoint was trained on this env id")
     p.add_argument("--stochastic", action="store_true", help="sample actions instead of the mode")
     p.add_argument("--num-envs", type=int, default=None)
+    p.add_argument("--member", default=None, help="a population's member (fastvec train --seeds): index, label or best")
     return p
 
 
@@ -261,6 +264,12 @@ def _train(argv) -> int:
     from ..config.overrides import schedule_note
     from ..config.settings import ConfigError
 
+    if args.seeds is not None or args.sweep is not None or is_population(args.resume):
+        try:
+            call = members_call(args, build_config, lambda cfg: _apply_flags(cfg, args))
+        except (ConfigError, ValueError) as exc:
+            return _fail("train", exc, 2)
+        return _train_run(call)
     try:
         resume, cfg = _train_config(args)
         nproc = _nproc(args, cfg, resume)
@@ -292,7 +301,23 @@ def _train(argv) -> int:
                 raise ValueError(f"checkpoint {args.init_from} was trained on {init['env_id']}, not {args.env_id}")
         except ValueError as exc:
             return _fail("train", exc, 2)
-    return _train_run(args, cfg, run_dir, init, resume)
+    return _train_run(
+        lambda stop: run_training(
+            args.env_id,
+            cfg,
+            run_dir=run_dir,
+            progress=not args.no_progress,
+            tensorboard=not args.no_tensorboard,
+            init_from=init,
+            env_kwargs=args.env_kwargs,
+            mix=args.mix,
+            backend=args.backend,
+            ray_address=args.ray_address,
+            ray_actors=args.actors,
+            resume=resume,
+            stop=stop,
+        )
+    )
 
 
 def _nproc(args, cfg, resume) -> int:
@@ -360,8 +385,9 @@ def _train_config(args):
     return resume, cfg
 
 
-def _train_run(args, cfg, run_dir: str, init, resume) -> int:
-    """The run, stopped at a safe point by Ctrl-C or SIGTERM; its JSON line and exit code."""
+def _train_run(call) -> int:
+    """``call(stop)``, the run (stopped at a safe point by Ctrl-C or SIGTERM): its JSON
+    line and exit code."""
     from ...errors import WorkerError
     from ..compute.ranks import OTHER_RANK_FAILED, RankError
     from ..config.settings import ConfigError
@@ -370,21 +396,7 @@ def _train_run(args, cfg, run_dir: str, init, resume) -> int:
     stop = StopOnSignal()
     try:
         with stop:
-            result = run_training(
-                args.env_id,
-                cfg,
-                run_dir=run_dir,
-                progress=not args.no_progress,
-                tensorboard=not args.no_tensorboard,
-                init_from=init,
-                env_kwargs=args.env_kwargs,
-                mix=args.mix,
-                backend=args.backend,
-                ray_address=args.ray_address,
-                ray_actors=args.actors,
-                resume=resume,
-                stop=stop,
-            )
+            result = call(stop)
     except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
         return _fail("train", exc, 1)
     except ConfigError as exc:
@@ -433,7 +445,8 @@ def _eval(argv) -> int:
     from .evaluate import evaluate
 
     try:
-        ckpt = load_checkpoint(args.checkpoint)
+        path, member = member_path(args.checkpoint, args.member)
+        ckpt = load_checkpoint(path)
     except ValueError as exc:
         return _fail("eval", exc, 2)
     try:
@@ -451,7 +464,7 @@ def _eval(argv) -> int:
         return _fail("eval", exc, 2)
     except Exception as exc:
         return _fail("eval", exc, 1)
-    print(json.dumps(result))
+    print(json.dumps(result if member is None else {"member": member, **result}))
     return 0
 
 

@@ -194,6 +194,7 @@ class Run:
         self.solved = self.interrupted = self.out_of_time = False
         self.phase = "start"
         self.snap: Any = None  # RNG state at the last safe point
+        self._mean_ret: float | None = None  # the mean return after the last rollout
         self.lost: Any = None
 
     # ------------------------------------------------------------------ setup
@@ -238,7 +239,21 @@ class Run:
     # ------------------------------------------------------------------ one iteration
     def iterate(self, stop) -> bool:
         """A safe point, a rollout and (unless the run ends with it) an update; False
-        once the run ends (stop request, solved, ``max_seconds`` spent, or its steps done)."""
+        once the run ends (stop request, solved, ``max_seconds`` spent, or its steps done).
+        Its phases are ``safe_point``, ``collected`` and ``learned``, around the
+        schedule's ``collect`` and ``learn`` (a population drives them for all its members)."""
+        if not self.safe_point(stop):
+            return False
+        self.schedule.collect()
+        if not self.collected():
+            return False
+        self.schedule.learn()
+        self.learned()
+        return True
+
+    def safe_point(self, stop) -> bool:
+        """The safe point before a rollout: restarts counted, a stop request or the clock
+        honoured (False: the run ends here), a periodic checkpoint where one is due."""
         cfg, ppo, schedule = self.cfg, self.ppo, self.schedule
         self.phase = "safe point"
         self.restarts.check(ppo.env_steps)
@@ -259,21 +274,26 @@ class Run:
                 self.periodic.save(saved.holder, self.env_id, self.env_kwargs, state, mix=self.mix)
         self.snap = rng_state()
         self.phase = "collect"
-        schedule.collect()
+        return True
+
+    def collected(self) -> bool:
+        """After a rollout: False where the run ends with it (solved, or its steps done)."""
+        cfg, ppo = self.cfg, self.ppo
         self.phase = "learn"
         if self.bar is not None:
             self.bar.update(ppo.T * ppo.N * self.ranks.world)
-        mean_ret, full = self.mean_return()
+        self._mean_ret, full = self.mean_return()
+        mean_ret = self._mean_ret
         if cfg.stop_at_return is not None and full and mean_ret is not None and mean_ret >= cfg.stop_at_return:
             self.solved = True
             return False
-        if ppo.env_steps >= cfg.total_steps:
-            return False
-        schedule.learn()
+        return ppo.env_steps < cfg.total_steps
+
+    def learned(self) -> None:
+        """After an update: a logging point where one is due."""
         now = time.perf_counter()
         if self.metrics.due(now):
-            self.metrics.log(now, mean_ret)
-        return True
+            self.metrics.log(now, self._mean_ret)
 
     def end(self) -> None:
         self.phase = "end"
