@@ -143,7 +143,7 @@ def run_members(
     from .launch import build_storage
 
     env_id, env_kwargs, cfg, seed_list, grid = _settle(
-        env_id, env_kwargs, config, seeds, sweep, run_dir, resume, changes
+        env_id, env_kwargs, config=config, seeds=seeds, sweep=sweep, run_dir=run_dir, resume=resume, changes=changes
     )
     check_members(cfg, env_id)
     members = member_configs(cfg, seed_list, grid)
