@@ -9,11 +9,12 @@ eval`` calls ``fastvec.train.commands.evaluate.evaluate``.
                   [--stop-at-return R] [--max-time 5m] [--device auto|cpu|cuda] [--logdir DIR]
                   [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
                   [--checkpoint-every N] [--backend engine|ray] [--ray-address ADDR] [--actors N]
-                  [--nproc N]
+                  [--nproc N] [--track wandb [--track-option key=value ...]]
     fastvec train --resume RUN_DIR [--total-steps N] [--set safe_key=value ...]
     fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic]
 
-Both print one JSON object as the last line of stdout and exit 0 on success. Bad input
+Both print one JSON object as the last line of stdout and exit 0 on success; ``fastvec
+train`` leaves a model card, ``RUN_DIR/README.md`` (``fastvec.train.run.card``). Bad input
 (unknown env id, bad ``--set`` key or value, a checkpoint from another env, a missing
 checkpoint, a resume that would change the run's config) gives a one-line ``fastvec
 train: error: ...`` on stderr and exit code 2; a failure while training (e.g. an env
@@ -35,6 +36,7 @@ import sys
 from ..._cli_util import OneLineParser as _Parser
 from ..._cli_util import add_env_kwargs, duration
 from .launch import build_storage, check_backend, main_spin_for, run_training
+from .outputs import add_track_flags, model_card, track_settings
 
 __all__ = ["main", "build_config", "build_storage", "main_spin_for", "run_training"]
 
@@ -130,6 +132,7 @@ def _file_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard event files")
+    add_track_flags(p)
 
 
 def _backend_flags(p: argparse.ArgumentParser) -> None:
@@ -258,6 +261,7 @@ def resume_config(ckpt: dict, args):
 
 def _train(argv) -> int:
     args = _train_parser().parse_args(argv)
+    args.argv = list(argv)
     from ..config.overrides import schedule_note
     from ..config.settings import ConfigError
 
@@ -352,6 +356,7 @@ def _train_config(args):
     if args.actors is not None and args.actors > cfg.num_envs:
         raise ValueError(f"--actors {args.actors} exceeds num_envs={cfg.num_envs}")
     check_backend(cfg, backend=args.backend)
+    args.track_settings = track_settings(args)
     if args.backend == "ray" and not args.list_keys:
         try:
             import ray  # noqa: F401
@@ -384,6 +389,8 @@ def _train_run(args, cfg, run_dir: str, init, resume) -> int:
                 ray_actors=args.actors,
                 resume=resume,
                 stop=stop,
+                track=args.track,
+                track_options=args.track_settings,
             )
     except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
         return _fail("train", exc, 1)
@@ -398,6 +405,7 @@ def _train_run(args, cfg, run_dir: str, init, resume) -> int:
     except Exception as exc:  # env failures (WorkerError), spaces the policy cannot handle
         return _fail("train", exc, 1)
     if os.environ.get("RANK", "0") == "0":  # a data-parallel run's line is rank 0's
+        model_card(args, cfg, result)
         print(json.dumps(result), flush=True)
     return 128 + stop.signum if result.get("interrupted") else 0
 
