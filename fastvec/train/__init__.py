@@ -44,6 +44,7 @@ from .config.overrides import apply_overrides
 from .config.presets import env_factory, preset_for, solve_threshold
 from .config.settings import ConfigError, PPOConfig, TransportConfig
 from .pipelines.watch import LearnerError
+from .run.card import write_model_card
 from .run.loop import train
 from .run.monitor import Monitor
 from .run.stops import RestartLimitError
@@ -76,4 +77,5 @@ __all__ = [
     "policy_from_checkpoint",
     "evaluate",
     "export_policy",
+    "write_model_card",
 ]

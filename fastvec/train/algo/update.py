@@ -42,7 +42,7 @@ from ..storage.rollout import Rollout
 from .minibatch import AutogradMinibatch, NumpyLearner
 from .optim import FlatAdam, LRSchedule, mean_kl
 
-__all__ = ["Updater", "UpdateStart", "Learned", "numpy_learner_for"]
+__all__ = ["Updater", "UpdateStart", "Learned", "numpy_learner_for", "update_summary"]
 
 
 class UpdateStart(NamedTuple):
@@ -369,30 +369,32 @@ class Updater:
 
     def summary(self, rollout: Rollout) -> dict:
         """Losses etc. of the last update (reads tensors: call at logging time only)."""
-        if self.last_stats is None:
-            return {}
-        stats, lr, clip, epochs_done, stop = self.last_stats
+        return {} if self.last_stats is None else update_summary(self.last_stats, rollout, self.policy.dist)
 
-        def mean(key):
-            xs = stats.get(key)
-            return float(np.mean([float(x) for x in xs])) if xs else None
 
-        ev = explained_variance(rollout)
-        out = {
-            "losses/policy": mean("pg"),
-            "losses/value": mean("v"),
-            "losses/entropy": mean("ent"),
-            "losses/approx_kl": mean("kl"),
-            "losses/clip_fraction": mean("cf"),
-            "losses/explained_variance": ev,
-            "losses/learning_rate": lr,
-            "losses/clip_coef": clip,
-            "losses/epochs": epochs_done,
-            "losses/kl_early_stop": int(stop),
-        }
-        if isinstance(self.policy.dist, GaussianDist):
-            out["losses/action_std"] = float(self.policy.dist.log_std.detach().exp().mean())
-        return out
+def update_summary(last_stats: tuple, rollout: Rollout, dist) -> dict:
+    """``Updater.summary`` of an update's ``(stats, lr, clip, epochs done, early stop)``."""
+    stats, lr, clip, epochs_done, stop = last_stats
+
+    def mean(key):
+        xs = stats.get(key)
+        return float(np.mean([float(x) for x in xs])) if xs else None
+
+    out = {
+        "losses/policy": mean("pg"),
+        "losses/value": mean("v"),
+        "losses/entropy": mean("ent"),
+        "losses/approx_kl": mean("kl"),
+        "losses/clip_fraction": mean("cf"),
+        "losses/explained_variance": explained_variance(rollout),
+        "losses/learning_rate": lr,
+        "losses/clip_coef": clip,
+        "losses/epochs": epochs_done,
+        "losses/kl_early_stop": int(stop),
+    }
+    if isinstance(dist, GaussianDist):
+        out["losses/action_std"] = float(dist.log_std.detach().exp().mean())
+    return out
 
 
 @torch.no_grad()

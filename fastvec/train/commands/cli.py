@@ -9,11 +9,12 @@ eval`` calls ``fastvec.train.commands.evaluate.evaluate``.
                   [--stop-at-return R] [--max-time 5m] [--device auto|cpu|cuda] [--logdir DIR]
                   [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
                   [--checkpoint-every N] [--backend engine|ray] [--ray-address ADDR] [--actors N]
-                  [--nproc N]
+                  [--nproc N] [--track wandb [--track-option key=value ...]]
     fastvec train --resume RUN_DIR [--total-steps N] [--set safe_key=value ...]
     fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic]
 
-Both print one JSON object as the last line of stdout and exit 0 on success. Bad input
+Both print one JSON object as the last line of stdout and exit 0 on success; ``fastvec
+train`` leaves a model card, ``RUN_DIR/README.md`` (``fastvec.train.run.card``). Bad input
 (unknown env id, bad ``--set`` key or value, a checkpoint from another env, a missing
 checkpoint, a resume that would change the run's config) gives a one-line ``fastvec
 train: error: ...`` on stderr and exit code 2; a failure while training (e.g. an env
@@ -33,9 +34,10 @@ import signal
 import sys
 
 from ..._cli_util import OneLineParser as _Parser
-from ..._cli_util import add_env_kwargs, duration
+from ..._cli_util import add_env_kwargs, duration, fail_line
 from .launch import build_storage, check_backend, main_spin_for, run_training
 from .members import add_member_flags, is_population, member_path, members_call
+from .outputs import add_track_flags, model_card, track_settings
 
 __all__ = ["main", "build_config", "build_storage", "main_spin_for", "run_training"]
 
@@ -132,6 +134,7 @@ def _file_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard event files")
+    add_track_flags(p)
 
 
 def _backend_flags(p: argparse.ArgumentParser) -> None:
@@ -261,20 +264,17 @@ def resume_config(ckpt: dict, args):
 
 def _train(argv) -> int:
     args = _train_parser().parse_args(argv)
+    args.argv = list(argv)
     from ..config.overrides import schedule_note
     from ..config.settings import ConfigError
 
     if args.seeds is not None or args.sweep is not None or is_population(args.resume):
-        try:
-            call = members_call(args, build_config, lambda cfg: _apply_flags(cfg, args))
-        except (ConfigError, ValueError) as exc:
-            return _fail("train", exc, 2)
-        return _train_run(call)
+        return _train_members(args)
     try:
         resume, cfg = _train_config(args)
         nproc = _nproc(args, cfg, resume)
     except (ConfigError, ValueError) as exc:
-        return _fail("train", exc, 2)
+        return fail_line("train", exc, 2)
     if args.list_keys:
         print(json.dumps(cfg.to_dict(), indent=1))
         return 0
@@ -300,7 +300,7 @@ def _train(argv) -> int:
             if init.get("env_id") not in (None, args.env_id):
                 raise ValueError(f"checkpoint {args.init_from} was trained on {init['env_id']}, not {args.env_id}")
         except ValueError as exc:
-            return _fail("train", exc, 2)
+            return fail_line("train", exc, 2)
     return _train_run(
         lambda stop: run_training(
             args.env_id,
@@ -316,8 +316,22 @@ def _train(argv) -> int:
             ray_actors=args.actors,
             resume=resume,
             stop=stop,
-        )
+            track=args.track,
+            track_options=args.track_settings,
+        ),
+        lambda result: model_card(args, cfg, result),
     )
+
+
+def _train_members(args) -> int:
+    """``fastvec train --seeds/--sweep``, or ``--resume`` of a population."""
+    from ..config.settings import ConfigError
+
+    try:
+        call = members_call(args, build_config, lambda cfg: _apply_flags(cfg, args))
+    except (ConfigError, ValueError) as exc:
+        return fail_line("train", exc, 2)
+    return _train_run(call)
 
 
 def _nproc(args, cfg, resume) -> int:
@@ -377,6 +391,7 @@ def _train_config(args):
     if args.actors is not None and args.actors > cfg.num_envs:
         raise ValueError(f"--actors {args.actors} exceeds num_envs={cfg.num_envs}")
     check_backend(cfg, backend=args.backend)
+    args.track_settings = track_settings(args)
     if args.backend == "ray" and not args.list_keys:
         try:
             import ray  # noqa: F401
@@ -385,9 +400,9 @@ def _train_config(args):
     return resume, cfg
 
 
-def _train_run(call) -> int:
+def _train_run(call, card=None) -> int:
     """``call(stop)``, the run (stopped at a safe point by Ctrl-C or SIGTERM): its JSON
-    line and exit code."""
+    line and exit code; ``card(result)`` writes its model card."""
     from ...errors import WorkerError
     from ..compute.ranks import OTHER_RANK_FAILED, RankError
     from ..config.settings import ConfigError
@@ -398,18 +413,20 @@ def _train_run(call) -> int:
         with stop:
             result = call(stop)
     except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
-        return _fail("train", exc, 1)
+        return fail_line("train", exc, 1)
     except ConfigError as exc:
-        return _fail("train", exc, 2)
+        return fail_line("train", exc, 2)
     except RankError as exc:  # another rank failed first: the launcher names that one
-        _fail("train", exc, 1)
+        fail_line("train", exc, 1)
         return OTHER_RANK_FAILED
     except KeyboardInterrupt:
         print("fastvec train: interrupted", file=sys.stderr)
         return 128 + (stop.last or signal.SIGINT)
     except Exception as exc:  # env failures (WorkerError), spaces the policy cannot handle
-        return _fail("train", exc, 1)
+        return fail_line("train", exc, 1)
     if os.environ.get("RANK", "0") == "0":  # a data-parallel run's line is rank 0's
+        if card is not None:
+            card(result)
         print(json.dumps(result), flush=True)
     return 128 + stop.signum if result.get("interrupted") else 0
 
@@ -439,7 +456,7 @@ def _resume_target(args) -> tuple[str, dict]:
 def _eval(argv) -> int:
     args = _eval_parser().parse_args(argv)
     if args.episodes < 1:
-        return _fail("eval", ValueError(f"--episodes must be positive, got {args.episodes}"), 2)
+        return fail_line("eval", ValueError(f"--episodes must be positive, got {args.episodes}"), 2)
     from ...errors import WorkerError
     from ..algo.checkpoints import load_checkpoint
     from .evaluate import evaluate
@@ -448,7 +465,7 @@ def _eval(argv) -> int:
         path, member = member_path(args.checkpoint, args.member)
         ckpt = load_checkpoint(path)
     except ValueError as exc:
-        return _fail("eval", exc, 2)
+        return fail_line("eval", exc, 2)
     try:
         result = evaluate(
             ckpt,
@@ -459,27 +476,13 @@ def _eval(argv) -> int:
             num_envs=args.num_envs,
         )
     except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
-        return _fail("eval", exc, 1)
+        return fail_line("eval", exc, 1)
     except ValueError as exc:
-        return _fail("eval", exc, 2)
+        return fail_line("eval", exc, 2)
     except Exception as exc:
-        return _fail("eval", exc, 1)
+        return fail_line("eval", exc, 1)
     print(json.dumps(result if member is None else {"member": member, **result}))
     return 0
-
-
-def _fail(cmd: str, exc: BaseException, code: int) -> int:
-    if os.environ.get("FASTVEC_DEBUG"):
-        raise exc
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if os.environ.get("WORLD_SIZE", "1") not in ("", "1") and not msg.startswith("rank "):
-        msg = f"rank {os.environ.get('RANK')}: {msg}"
-    if code == 1:
-        msg = f"{type(exc).__name__}: {msg}"
-        if getattr(exc, "resume_from", None):
-            msg += f" (checkpoint saved; continue with: fastvec train --resume {exc.resume_from})"
-    print(f"fastvec {cmd}: error: {msg}", file=sys.stderr)
-    return code
 
 
 def main(name: str, argv: list[str]) -> int:

@@ -239,6 +239,8 @@ def run_training(
     ray_actors: int | None = None,
     resume: str | tuple | None = None,
     stop=None,
+    track: str | None = None,
+    track_options: dict | None = None,
 ) -> dict:
     """What ``fastvec train`` does: train PPO on ``env_id`` (or on ``venv``, a gymnasium
     ``VectorEnv`` with same-step autoreset or an SB3 ``VecEnv``, which the caller keeps
@@ -253,15 +255,21 @@ def run_training(
     ``SAFE_ON_RESUME`` keys only. ``stop``: a callable the loop asks at every safe point
     (True: checkpoint and return, ``result["interrupted"]``). ``mix``: groups of envs
     (``fastvec.train.config.mix``: ``"key=value,..."`` texts or ``{"env_id", "env_kwargs",
-    "count"}`` dicts) the ``cfg.num_envs`` envs are made of, instead of ``env_kwargs``."""
+    "count"}`` dicts) the ``cfg.num_envs`` envs are made of, instead of ``env_kwargs``.
+    ``track``: a tracker besides TensorBoard (``"wandb"``), with ``track_options``
+    (``fastvec.train.run.tracking``); it needs a ``run_dir``."""
     from ..algo.checkpoints import load_checkpoint
     from ..compute.torch_state import resolve_device
+    from ..run.tracking import check_tracking
 
+    track_options = check_tracking(track, track_options)  # (before anything starts)
     resume_step, resumed = None, None
     if resume is not None:
         resumed, env_id, kept_kwargs, mix, config, run_dir = _resumed(resume, env_id, config, run_dir, init_from, mix)
         env_kwargs = kept_kwargs if env_kwargs is None else env_kwargs
         resume_step = int(resumed["train_state"]["env_steps"])
+    if track is not None and not run_dir:
+        raise ValueError(f"track={track!r} needs a run_dir to keep the tracker's files in")
     cfg = (config or PPOConfig()).validate()
     device = resolve_device(cfg.device)
     env_kwargs, mix = _check_envs(
@@ -283,8 +291,10 @@ def run_training(
     storage_args = dict(venv=venv, env_kwargs=env_kwargs, mix=mix, backend=backend)
     storage_args.update(ray_address=ray_address, ray_actors=ray_actors, pin=device.type == "cuda")
     if launched_world() > 1 and int(os.environ.get("RANK", "0")):  # rank 0 writes the files and shows the progress
-        run_dir, tensorboard, progress = None, False, False
+        run_dir, tensorboard, progress, track = None, False, False, None
     plan = _Start(env_id, cfg, run_dir, tensorboard, progress, save, resume_step, resumed, ckpt, stop, storage_args)
+    if track is not None:
+        plan = dataclasses.replace(plan, track=(track, track_options))
     return _start(plan)
 
 
@@ -303,6 +313,26 @@ class _Start:
     init: dict | None  # the checkpoint a new run starts from (init_from)
     stop: object  # a callable asked at every safe point, or None
     storage_args: dict  # build_storage's keyword arguments
+    track: tuple | None = None  # (tracker, its options), or None
+
+
+def _monitor(plan: _Start):
+    """The run's monitor, with the tracker ``plan.track`` names among its sinks."""
+    from ..run.monitor import Monitor
+    from ..run.tracking import open_tracker
+
+    monitor = Monitor(plan.run_dir or None, tensorboard=plan.tensorboard, resume_step=plan.resume_step)
+    if plan.track is None:
+        return monitor
+    try:
+        sa = plan.storage_args
+        config = {"env_id": plan.env_id, "env_kwargs": sa["env_kwargs"], "mix": sa["mix"], "backend": sa["backend"]}
+        config.update(plan.cfg.to_dict())
+        monitor.sinks.append(open_tracker(plan.track[0], plan.run_dir, config, plan.track[1], plan.resume is not None))
+    except BaseException:
+        monitor.close()
+        raise
+    return monitor
 
 
 def _start(plan: _Start) -> dict:
@@ -315,7 +345,6 @@ def _start(plan: _Start) -> dict:
     from ..compute.torch_state import resolve_device, warm_up_torch
     from ..pipelines.watch import LearnerProcess
     from ..run.loop import train
-    from ..run.monitor import Monitor
 
     cfg, storage_args = plan.cfg, plan.storage_args
     learner = LearnerProcess() if cfg.pipeline == "async" else None  # its interpreter starts while the envs do
@@ -323,7 +352,7 @@ def _start(plan: _Start) -> dict:
     try:
         # (async: this process acts on the CPU, its learner process has the device)
         ranks = ranks_from_environment(torch.device("cpu") if learner is not None else resolve_device(cfg.device))
-        monitor = Monitor(plan.run_dir or None, tensorboard=plan.tensorboard, resume_step=plan.resume_step)
+        monitor = _monitor(plan)
     except BaseException:
         if learner is not None:
             learner.close()

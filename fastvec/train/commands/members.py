@@ -275,6 +275,10 @@ def members_call(args, build_config, apply_flags):
     from ..config.presets import check_env_id
     from ..run.monitor import default_run_dir
 
+    if getattr(args, "track", None):
+        raise ValueError(
+            "--seeds/--sweep: members cannot train with --track yet (each member's run directory has TensorBoard's events)"
+        )
     if args.resume is not None:
         if not is_population(args.resume):
             raise ValueError(f"--seeds/--sweep: {args.resume} is a run alone; continue it without them")

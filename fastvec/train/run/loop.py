@@ -18,10 +18,13 @@ kept from there), so it is saved too: ``--resume`` loses at most that rollout.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
 from typing import Any
+
+import numpy as np
 
 from ..algo.checkpoints import PeriodicCheckpoints, check_spaces, policy_from_checkpoint, save_checkpoint
 from ..compute.ranks import SOLO, Ranks, check_world, rank_figures
@@ -322,6 +325,17 @@ class Run:
         total, have, full = self.ranks.floats([mean or 0.0, mean is not None, tracker.full()])
         return (total / have if have else None), bool(full == self.ranks.world)
 
+    def return_spread(self) -> tuple[float | None, int]:
+        """The standard deviation (ddof 0) of the returns ``mean_return`` averages, and
+        how many there are: with several ranks, over all of theirs (a collective)."""
+        window = np.asarray(self.ppo.tracker.window, dtype=np.float64)
+        if self.ranks.solo:
+            return (float(np.std(window)) if window.size else None), int(window.size)
+        n, total, squares = self.ranks.floats([window.size, window.sum(), np.square(window).sum()])
+        if n == 0:
+            return None, 0
+        return math.sqrt(max(squares / n - (total / n) ** 2, 0.0)), int(n)
+
     def wall(self, now: float) -> float:
         return self.wall_before + now - self.t_start
 
@@ -363,7 +377,7 @@ class Run:
         ppo, monitor = self.ppo, self.monitor
         wall = self.wall(time.perf_counter())
         final_mean, _full = self.mean_return()
-        result = run_result(self, wall, final_mean)
+        result = run_result(self, wall, final_mean, self.return_spread())
         if not self.ranks.solo:
             result["ranks"] = rank_figures(self.ranks, ppo.env_steps // self.ranks.world, wall, self.restarts.total)
         rets, lens = ppo.tracker.drain()
@@ -386,6 +400,7 @@ class Run:
             )
             with open(os.path.join(monitor.run_dir, "result.json"), "w") as f:
                 json.dump(result, f, indent=1)
+        monitor.result(result)
         monitor.close()
         return result
 
