@@ -9,7 +9,7 @@ eval`` calls ``fastvec.train.commands.evaluate.evaluate``.
                   [--stop-at-return R] [--max-time 5m] [--device auto|cpu|cuda] [--logdir DIR]
                   [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
                   [--checkpoint-every N] [--backend engine|ray] [--ray-address ADDR] [--actors N]
-                  [--nproc N]
+                  [--nproc N] [--action-mask none|auto|info|method]
     fastvec train --resume RUN_DIR [--total-steps N] [--set safe_key=value ...]
     fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic]
 
@@ -103,6 +103,13 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override a hyperparameter (repeatable)",
+    )
+    p.add_argument(
+        "--action-mask",
+        default=None,
+        choices=["none", "auto", "info", "method"],
+        help='where the env\'s action masks come from: info["action_mask"], its action_masks() method, '
+        "auto (whichever it gives) or none (default)",
     )
     p.add_argument("--zoo", action="store_true", help="use RL Zoo's hyperparameters where known (CartPole)")
     p.add_argument("--list-keys", action="store_true", help="print the config for ENV_ID and exit")
@@ -230,6 +237,7 @@ def _apply_flags(cfg, args) -> None:
         "stop_at_return": args.stop_at_return,
         "max_seconds": getattr(args, "max_time", None),
         "device": args.device,
+        "action_mask": getattr(args, "action_mask", None),
     }
     for name, value in (("total_steps", args.total_steps), ("checkpoint_every", args.checkpoint_every)):
         if value is None:
