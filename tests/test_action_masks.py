@@ -165,17 +165,25 @@ def test_a_masked_env_trained_through_fastvec_train_and_evaluated(tmp_path, caps
     assert invalid > 20
 
 
-@pytest.mark.parametrize("multi", [False, True], ids=["discrete", "multidiscrete"])
-def test_rollout_masks_equal_the_envs_replayed_one_by_one(multi):
+@pytest.mark.parametrize(
+    "multi, settings",
+    [(False, {}), (True, {}), (False, {"copies": True}), (True, {"env_groups": 2}), (False, {"policy_core": "gru"})],
+    ids=["discrete", "multidiscrete", "device-copies", "batch-groups", "recurrent"],
+)
+def test_rollout_masks_equal_the_envs_replayed_one_by_one(multi, settings):
     """The masks stored in the rollout, and the log-probs the update starts from, against
-    each env rebuilt alone, reset with the same seed and fed the same actions."""
+    each env rebuilt alone, reset with the same seed and fed the same actions (acting with
+    separate device buffers, by batch groups and with a recurrent core too)."""
     T, N = 40, 4
-    cfg = PPOConfig(num_envs=N, n_steps=T, num_workers=2, device="cpu", action_mask="info")
+    settings = dict(settings)
+    copies = settings.pop("copies", None)
+    cfg = PPOConfig(num_envs=N, n_steps=T, num_workers=2, device="cpu", action_mask="info", **settings)
     kwargs = {"multi": multi, "length": 7}
     cfg = settle_mask_source(cfg, ENV, kwargs)
     storage = build_storage(ENV, cfg, env_kwargs=kwargs)
     try:
-        ppo = PPO(cfg, storage, torch.device("cpu"))
+        ppo = PPO(cfg, storage, torch.device("cpu"), separate_buffers=copies)
+        assert ppo.rollout.copies == bool(copies) and len(storage.groups) == cfg.env_groups
         seeds = [11, 22, 33, 44]
         storage.reset(seeds)
         ppo.collect()
@@ -183,6 +191,11 @@ def test_rollout_masks_equal_the_envs_replayed_one_by_one(multi):
         masks, acts = storage.action_mask.copy(), storage.act.copy()
         obs = storage.obs.copy()
         logp = ppo.rollout.logp.numpy().copy()
+        if not ppo.policy.recurrent:  # (its log-probs need the states it was fed: the update's own pass)
+            with torch.inference_mode():  # (before the update changes the weights)
+                params = ppo.policy.actor_params(torch.as_tensor(obs[:T].reshape(T * N, -1))).numpy()
+        ppo.update()  # the joined actions and masks through the minibatches (recurrent: sequences)
+        assert torch.isfinite(ppo.flat_param).all() and ppo.updater.updates == 1
     finally:
         storage.close()
     nvec = [3, 4] if multi else [6]
@@ -196,9 +209,9 @@ def test_rollout_masks_equal_the_envs_replayed_one_by_one(multi):
             assert not term  # no invalid action was taken
             if trunc:
                 o, info = env.reset()
+    if ppo.policy.recurrent:
+        return
     # the old log-probs: under each step's mask (float64, the invalid actions dropped)
-    with torch.inference_mode():
-        params = ppo.policy.actor_params(torch.as_tensor(obs[:T].reshape(T * N, -1))).numpy()
     a = acts[1:].reshape(T * N, len(nvec))
     ref, _ = _reference(params, masks[:T].reshape(T * N, -1), a, nvec)
     np.testing.assert_allclose(logp.reshape(-1), ref, rtol=1e-4, atol=1e-4)
