@@ -89,14 +89,16 @@ class Collector:
         perf = time.perf_counter
         t_act = t_env = 0.0
         for t, slots in enumerate(rollout.steps):
-            obs, obs_h, noise, act, act_h, raw, logp, val = slots
+            obs, obs_h, noise, act, act_h, raw, logp, val, mask, mask_h = slots
             t0 = perf()
             if hook is not None:
                 hook(t)
             if copies:
                 span = begin()
                 obs.copy_(obs_h, non_blocking=True)
-            policy_act(obs, noise, act, raw, logp, val)
+                if mask is not None:
+                    mask.copy_(mask_h, non_blocking=True)
+            policy_act(obs, noise, act, raw, logp, val, mask=mask)
             if copies:
                 end(span)
                 act_h.copy_(act)  # synchronous: the env needs it now
@@ -120,14 +122,16 @@ class Collector:
         rollout.begin_sequences(self.last)
         self.last = rollout
         for t, slots in enumerate(rollout.steps):
-            obs, obs_h, noise, a, act_h, raw, _logp, _value = slots
+            obs, obs_h, noise, a, act_h, raw, _logp, _value, mask, mask_h = slots
             t0 = perf()
             if hook is not None:
                 hook(t)
             if copies:
                 span = begin()
                 obs.copy_(obs_h, non_blocking=True)
-            act(obs, states[t], states[t + 1], noise, a, raw_out=raw, logp_out=logp[t])
+                if mask is not None:
+                    mask.copy_(mask_h, non_blocking=True)
+            act(obs, states[t], states[t + 1], noise, a, raw_out=raw, logp_out=logp[t], mask=mask)
             if copies:
                 end(span)
                 act_h.copy_(a)
@@ -159,11 +163,13 @@ class Collector:
                 if t:
                     recv(g, t)
                 t1 = perf()
-                obs, obs_h, noise, act, act_h, raw, logp, val = by_step[t]
+                obs, obs_h, noise, act, act_h, raw, logp, val, mask, mask_h = by_step[t]
                 if copies:
                     span = begin()
                     obs.copy_(obs_h, non_blocking=True)
-                policy_act(obs, noise, act, raw, logp, val)
+                    if mask is not None:
+                        mask.copy_(mask_h, non_blocking=True)
+                policy_act(obs, noise, act, raw, logp, val, mask=mask)
                 if copies:
                     end(span)
                     act_h.copy_(act)  # synchronous: the env needs it now

@@ -97,11 +97,13 @@ class Population:
             for t in range(T):
                 for i, ppo in enumerate(ppos):
                     t0 = perf()
-                    obs, obs_h, noise, act, act_h, raw, logp, val = ppo.rollout.steps[t]
+                    obs, obs_h, noise, act, act_h, raw, logp, val, mask, mask_h = ppo.rollout.steps[t]
                     copies = ppo.rollout.copies
                     if copies:
                         obs.copy_(obs_h, non_blocking=True)
-                    ppo.policy.act_(obs, noise, act, raw, logp, val)
+                        if mask is not None:
+                            mask.copy_(mask_h, non_blocking=True)
+                    ppo.policy.act_(obs, noise, act, raw, logp, val, mask=mask)
                     if copies:
                         act_h.copy_(act)
                     t_act[i] += perf() - t0

@@ -103,6 +103,7 @@ class PPO:
             normalize_obs=cfg.normalize_obs,
             core=cfg.policy_core,
             core_size=cfg.core_size,
+            action_masks=cfg.action_mask != "none",
         )
         self.policy.to(device)
         self.flat_param, self.flat_grad = flatten_parameters(self.policy)

@@ -9,7 +9,8 @@ eval`` calls ``fastvec.train.commands.evaluate.evaluate``.
                   [--stop-at-return R] [--max-time 5m] [--device auto|cpu|cuda] [--logdir DIR]
                   [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
                   [--checkpoint-every N] [--backend engine|ray] [--ray-address ADDR] [--actors N]
-                  [--nproc N] [--track wandb [--track-option key=value ...]]
+                  [--nproc N] [--action-mask none|auto|info|method]
+                  [--track wandb [--track-option key=value ...]] [--seeds K] [--sweep KEY=V1,V2]
     fastvec train --resume RUN_DIR [--total-steps N] [--set safe_key=value ...]
     fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic]
 
@@ -34,10 +35,11 @@ import signal
 import sys
 
 from ..._cli_util import OneLineParser as _Parser
-from ..._cli_util import add_env_kwargs, duration, fail_line
+from ..._cli_util import fail_line
 from .launch import build_storage, check_backend, main_spin_for, run_training
 from .members import add_member_flags, is_population, member_path, members_call
-from .outputs import add_track_flags, model_card, track_settings
+from .outputs import model_card, track_settings
+from .train_flags import backend_flags, file_flags, run_flags
 
 __all__ = ["main", "build_config", "build_storage", "main_spin_for", "run_training"]
 
@@ -62,112 +64,11 @@ def _train_parser() -> argparse.ArgumentParser:
         help="gymnasium env id, e.g. CartPole-v1, ALE/Pong-v5, or your own: MODULE:ENV_ID, MODULE:CALLABLE "
         "(with --resume: the run's)",
     )
-    _run_flags(p)
+    run_flags(p)
     add_member_flags(p)
-    _file_flags(p)
-    _backend_flags(p)
+    file_flags(p)
+    backend_flags(p)
     return p
-
-
-def _run_flags(p: argparse.ArgumentParser) -> None:
-    """What the run trains on and for how long, and its hyperparameters."""
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--num-envs", type=int, default=None)
-    p.add_argument(
-        "--mix",
-        action="append",
-        default=None,
-        metavar="GROUP",
-        help="a group of the run's envs (repeatable): [id=ENV_ID,][count=N,]setting=value,... with the "
-        "env's constructor settings, e.g. --mix frame_skip=5 --mix frame_skip=20 (ENV_ID's preset; "
-        "uncounted groups share the envs equally; a mix is placed on the workers by cost)",
-    )
-    add_env_kwargs(p)
-    p.add_argument("--num-workers", type=int, default=None)
-    p.add_argument("--total-steps", type=float, default=None, help="env steps (1e6 accepted)")
-    p.add_argument(
-        "--stop-at-return",
-        type=float,
-        default=None,
-        help="stop once the mean return of the last 20 episodes reaches this",
-    )
-    p.add_argument(
-        "--max-time",
-        type=duration,
-        default=None,
-        metavar="DURATION",
-        help="stop at the first safe point after this much wall time, e.g. 300, 90s, 5m, 1.5h "
-        "(the final checkpoint and result as at the end; the schedules do not change)",
-    )
-    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a hyperparameter (repeatable)",
-    )
-    p.add_argument("--zoo", action="store_true", help="use RL Zoo's hyperparameters where known (CartPole)")
-    p.add_argument("--list-keys", action="store_true", help="print the config for ENV_ID and exit")
-
-
-def _file_flags(p: argparse.ArgumentParser) -> None:
-    """Checkpoints to start from or continue, and what the run writes."""
-    p.add_argument("--logdir", default=None, help="run directory (default: runs/ENV-seedN-TIME)")
-    p.add_argument(
-        "--init-from", default=None, metavar="CHECKPOINT", help="start from the weights of a checkpoint of the same env"
-    )
-    p.add_argument(
-        "--resume",
-        default=None,
-        metavar="RUN_DIR",
-        help="continue the run in RUN_DIR from its newest checkpoint (same config; "
-        "--total-steps, --stop-at-return, --device and other safe keys may change)",
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        type=float,
-        default=None,
-        metavar="N",
-        help="env steps between checkpoints in the run directory (1e5 accepted; 0: only at the end; default 100000)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard event files")
-    add_track_flags(p)
-
-
-def _backend_flags(p: argparse.ArgumentParser) -> None:
-    """Where the envs run, and on how many learners."""
-    p.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        metavar="N",
-        help="data-parallel ranks on this machine, each with its share of num_envs and a replica of the "
-        "policy, gradients summed over them (gloo on the CPU, NCCL on one CUDA device each; default 1; "
-        "under torchrun: its WORLD_SIZE)",
-    )
-    p.add_argument(
-        "--backend",
-        choices=["engine", "ray"],
-        default="engine",
-        help="engine: envs on this machine (default); ray: envs in Ray actors over a "
-        'cluster (pip install "fastvec[ray]"), --num-workers then counts per actor',
-    )
-    p.add_argument(
-        "--ray-address",
-        default=None,
-        metavar="ADDR",
-        help="with --backend ray: the cluster to join (default: start a local Ray instance on 127.0.0.1)",
-    )
-    p.add_argument(
-        "--actors",
-        type=int,
-        default=None,
-        metavar="N",
-        help="with --backend ray: Ray actors hosting the envs (default: one per node)",
-    )
 
 
 def _eval_parser() -> argparse.ArgumentParser:
@@ -236,6 +137,7 @@ def _apply_flags(cfg, args) -> None:
         "stop_at_return": args.stop_at_return,
         "max_seconds": getattr(args, "max_time", None),
         "device": args.device,
+        "action_mask": getattr(args, "action_mask", None),
     }
     for name, value in (("total_steps", args.total_steps), ("checkpoint_every", args.checkpoint_every)):
         if value is None:

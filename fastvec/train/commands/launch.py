@@ -67,7 +67,7 @@ def build_storage(
     from ..config.mix import mix_factories
     from ..config.presets import env_factory
     from ..pipelines.ring import ring_slots
-    from ..storage.sources import RayEngineStorage, storage_for
+    from ..storage.sources import EngineStorage, RayEngineStorage, storage_for
 
     check_backend(cfg, venv=venv, backend=backend)
     slots, tr = ring_slots(cfg), cfg.transport
@@ -76,6 +76,7 @@ def build_storage(
             f"env_groups={tr.env_groups} needs the engine backend: "
             f"{'a vector env of your own' if venv is not None else 'Ray'} steps every env in lock-step"
         )
+    check_masks_serve(cfg, env_id, venv=venv, mix=mix)
     if venv is not None:
         return storage_for(venv, slots, pin=pin)
     if is_pettingzoo(env_id):
@@ -83,6 +84,7 @@ def build_storage(
     fns = mix_factories(mix) if mix is not None else [env_factory(env_id, env_kwargs)] * cfg.num_envs
     if len(fns) != cfg.num_envs:
         raise ConfigError(f"the mix holds {len(fns)} envs, but num_envs={cfg.num_envs}")
+    fns, masked = _masked(cfg, fns)
     if ranks is not None and not ranks.solo:
         fns = fns[ranks.share(cfg.num_envs)]
     if backend == "ray":
@@ -99,8 +101,55 @@ def build_storage(
             restart_on_error=cfg.restart_on_error,
             step_timeout=cfg.step_timeout,
         )
-        return RayEngineStorage(engine)
-    return _engine_storage(cfg, fns, mix, slots, 1 if ranks is None else ranks.local_world)
+        return RayEngineStorage(engine, masked=masked)
+    storage = None if not masked else (lambda engine: EngineStorage(engine, groups=tr.env_groups, masked=True))
+    return _engine_storage(cfg, fns, mix, slots, 1 if ranks is None else ranks.local_world, storage)
+
+
+def check_masks_serve(cfg, env_id, *, venv=None, mix=None) -> None:
+    """ConfigError (one line) where ``cfg.action_mask`` asks for masks the run cannot
+    read: from a vector env of your own, or a PettingZoo env's agents."""
+    from ...env_ids import is_pettingzoo
+
+    if cfg.action_mask == "none":
+        return
+    if venv is not None:
+        raise ConfigError(
+            f"action_mask={cfg.action_mask} needs an env id (fastvec builds the envs and reads their masks), "
+            f"not a vector env of your own ({type(venv).__name__})"
+        )
+    if is_pettingzoo(env_id):
+        raise ConfigError(f"action_mask={cfg.action_mask} does not serve PettingZoo envs' agents")
+
+
+def settle_mask_source(cfg, env_id, env_kwargs=None, mix=None):
+    """``cfg`` with its ``action_mask`` source checked on one env built here, before any
+    worker starts (``fastvec.action_masks.check_action_mask``, its ValueError a
+    ConfigError; ``auto`` settled to ``info`` or ``method``, which checkpoints record)."""
+    from ...action_masks import check_action_mask
+    from ..config.mix import mix_factories
+    from ..config.presets import env_factory
+
+    if cfg.action_mask == "none":
+        return cfg
+    fn = mix_factories(mix)[0] if mix is not None else env_factory(env_id, env_kwargs)
+    try:
+        source = check_action_mask(fn, cfg.action_mask, seed=cfg.seed)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return dataclasses.replace(cfg, action_mask=source)
+
+
+def _masked(cfg, fns: list) -> tuple[list, bool]:
+    """The env factories with their masks read (``cfg.action_mask``), and whether they are."""
+    from ...action_masks import check_action_mask, masked_factory
+
+    source = cfg.action_mask
+    if source == "none":
+        return fns, False
+    if source == "auto":
+        source = check_action_mask(fns[0], source, seed=cfg.seed)
+    return [masked_factory(fn, source) for fn in fns], True
 
 
 def _agent_storage(cfg, env_id: str, env_kwargs, slots: int):
@@ -283,6 +332,8 @@ def run_training(
         ray_actors=ray_actors,
     )
     check_world(cfg, launched_world(), venv=venv, backend=backend, mix=mix, resume=resumed)
+    check_masks_serve(cfg, env_id, venv=venv, mix=mix)
+    cfg = settle_mask_source(cfg, env_id, env_kwargs, mix)
     ckpt = None
     if init_from is not None:
         ckpt = load_checkpoint(init_from) if isinstance(init_from, str) else init_from

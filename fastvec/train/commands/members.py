@@ -140,14 +140,15 @@ def run_members(
     from ..config.presets import check_env
     from ..run.members import train_members
     from ..storage.member_rows import MemberEnvs
-    from .launch import build_storage
+    from .launch import build_storage, settle_mask_source
 
     env_id, env_kwargs, cfg, seed_list, grid = _settle(
         env_id, env_kwargs, config=config, seeds=seeds, sweep=sweep, run_dir=run_dir, resume=resume, changes=changes
     )
     check_members(cfg, env_id)
-    members = member_configs(cfg, seed_list, grid)
     check_env(env_id, env_kwargs)
+    cfg = settle_mask_source(cfg, env_id, env_kwargs)  # (as a run alone records it)
+    members = member_configs(cfg, seed_list, grid)
     states = [_member_state(m, run_dir, m.cfg) for m in members] if resume else [(None, False)] * len(members)
     if not resume:
         os.makedirs(run_dir, exist_ok=True)

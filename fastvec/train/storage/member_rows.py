@@ -37,6 +37,8 @@ class MemberRows:
             base.terminated[:, rows],
             base.truncated[:, rows],
         )
+        mask = getattr(base, "action_mask", None)  # (a masked run's: the actions each env allows)
+        self.action_mask = None if mask is None else mask[:, rows]
         self.kind, self.num_workers = base.kind, base.num_workers
         self.num_envs = self.num_seeds = n
         self.single_observation_space = base.single_observation_space
