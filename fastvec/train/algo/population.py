@@ -24,7 +24,7 @@ import torch
 from ..storage.member_rows import MemberEnvs
 from .stacked import StackedMembers
 
-__all__ = ["Population"]
+__all__ = ["Population", "copy_member"]
 
 
 def _torch_rng() -> tuple:
@@ -150,3 +150,18 @@ class Population:
             for ppo in ppos:
                 ppo.rollout.last_obs_to_device()
         return t_act, t_env
+
+
+def copy_member(src, dst, keys) -> None:
+    """Population-based training's exploit step: member ``dst`` (a ``PPO``) takes ``src``'s
+    weights (with its observation normaliser), Adam state, learning-rate schedule, reward
+    normaliser statistics and the settings ``keys``; it keeps its own envs, episodes in
+    progress, counters and statistics."""
+    dst.policy.load_state_dict(src.policy.state_dict())  # (into dst's own parameters: views stay)
+    dst.opt.load_state_dict(src.opt.state_dict())
+    dst.lr_schedule.load(src.lr_schedule.state())
+    if src.reward_scaler is not None and dst.reward_scaler is not None:
+        dst.reward_scaler.load(src.reward_scaler.state())  # (its running returns stay its envs')
+    for key in keys:
+        setattr(dst.cfg, key, getattr(src.cfg, key))
+    dst.updater.retune()

@@ -118,6 +118,14 @@ class Updater:
         self._wire: torch.Tensor | None = None  # with several ranks: a minibatch's gradient and statistics
         self._rollout: Rollout | None = None  # the rollout of the update running (a recurrent policy's states)
 
+    def retune(self) -> None:
+        """Read the config's coefficients and base learning rate again (population-based
+        training changes them between updates: ``fastvec.train.run.pbt``)."""
+        cfg = self.cfg
+        self.np_learner = numpy_learner_for(cfg, self.policy, self.flat_grad, self.device, self.threads.learn)
+        self._autograd = AutogradMinibatch(self.policy, self.flat_grad, cfg.ent_coef, cfg.vf_coef, cfg.clip_vf)
+        self.lr_schedule.base = cfg.lr
+
     def run(self, rollout: Rollout, adv_weights: torch.Tensor | None = None) -> None:
         """One update from ``rollout`` (its targets computed; ``adv_weights``: per-sample
         weights of the advantages, or None)."""

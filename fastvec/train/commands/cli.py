@@ -170,7 +170,7 @@ def _train(argv) -> int:
     from ..config.overrides import schedule_note
     from ..config.settings import ConfigError
 
-    if args.seeds is not None or args.sweep is not None or is_population(args.resume):
+    if args.seeds is not None or args.sweep is not None or args.pbt or is_population(args.resume):
         return _train_members(args)
     try:
         resume, cfg = _train_config(args)

@@ -23,7 +23,7 @@ import math
 import os
 import time
 
-from ..config.members import Member, member_configs, parse_seeds, parse_sweep
+from ..config.members import PBT_KEYS, PBT_MIN_MEMBERS, Member, member_configs, parse_seeds, parse_sweep
 from ..config.settings import ConfigError, PPOConfig
 
 __all__ = ["run_members", "add_member_flags", "check_members", "is_population", "members_result", "PLAN"]
@@ -39,6 +39,20 @@ def add_member_flags(p) -> None:
         metavar="K|S1,S2,...",
         help="train K members at once on one engine, seeds --seed .. --seed+K-1 (or the seeds listed), "
         "each its own run in the run directory",
+    )
+    p.add_argument(
+        "--pbt",
+        action="store_true",
+        help="population-based training: every --pbt-every env steps the bottom quarter of the members copy "
+        "a top-quarter member's weights and settings, then perturb lr, ent_coef, clip_coef, vf_coef, "
+        "max_grad_norm, gae_lambda (x0.8 or x1.2); needs --seeds of 4 or more",
+    )
+    p.add_argument(
+        "--pbt-every",
+        type=float,
+        default=None,
+        metavar="N",
+        help="env steps (each member's) between PBT's exploits (default: a tenth of --total-steps)",
     )
     p.add_argument(
         "--sweep",
@@ -78,10 +92,6 @@ def check_members(cfg: PPOConfig, env_id: str | None, *, nproc: int = 1, mix=Non
         why = f"env_groups={cfg.env_groups} (members step every env together)"
     if why is not None:
         raise ConfigError(f"--seeds/--sweep: members cannot train with {why}")
-
-
-def _plan(env_id, env_kwargs, cfg: PPOConfig, seeds: list[int], sweep: dict) -> dict:
-    return {"env_id": env_id, "env_kwargs": env_kwargs, "config": cfg.to_dict(), "seeds": seeds, "sweep": sweep}
 
 
 def _resumed_plan(run_dir: str, changes=None) -> tuple[dict, PPOConfig]:
@@ -126,6 +136,7 @@ def run_members(
     env_kwargs: dict | None = None,
     progress: bool = True,
     tensorboard: bool = True,
+    pbt_every: int | None = None,
     resume: bool = False,
     changes=None,
     stop=None,
@@ -133,27 +144,29 @@ def run_members(
     """Train the members of ``config`` on ``env_id`` at once: ``seeds`` (a count K, seeds
     ``config.seed .. + K - 1``, or a list of seeds) times the grid ``sweep`` (``{key:
     [values]}`` or ``["key=v1,v2", ...]``), into ``run_dir`` (see the module's docstring).
-    ``resume``: continue the population in ``run_dir`` (``env_id``, ``config``, ``seeds``
-    and ``sweep`` are its own; ``changes(cfg)`` may change safe keys). ``stop``: asked at
-    every safe point. Returns ``members_result``'s dict."""
+    ``pbt_every``: population-based training, an exploit every that many env steps
+    (``fastvec.train.run.pbt``; None: the members train independently). ``resume``:
+    continue the population in ``run_dir`` (``env_id``, ``config``, ``seeds``, ``sweep``
+    and ``pbt_every`` are its own; ``changes(cfg)`` may change safe keys). ``stop``: asked
+    at every safe point. Returns ``members_result``'s dict."""
     from ..compute.torch_state import warm_up_torch
     from ..config.presets import check_env
     from ..run.members import train_members
     from ..storage.member_rows import MemberEnvs
     from .launch import build_storage, settle_mask_source
 
-    env_id, env_kwargs, cfg, seed_list, grid = _settle(
-        env_id, env_kwargs, config=config, seeds=seeds, sweep=sweep, run_dir=run_dir, resume=resume, changes=changes
-    )
+    plan = _settle(env_id, env_kwargs, config, seeds, sweep, pbt_every, run_dir=run_dir, resume=resume, changes=changes)
+    env_id, env_kwargs, cfg = plan["env_id"], plan["env_kwargs"], plan["cfg"]
     check_members(cfg, env_id)
     check_env(env_id, env_kwargs)
     cfg = settle_mask_source(cfg, env_id, env_kwargs)  # (as a run alone records it)
-    members = member_configs(cfg, seed_list, grid)
+    members = member_configs(cfg, plan["seeds"], plan["sweep"])
     states = [_member_state(m, run_dir, m.cfg) for m in members] if resume else [(None, False)] * len(members)
+    pbt = _pbt(plan["pbt_every"], members, states, run_dir, cfg)
     if not resume:
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, PLAN), "w") as f:
-            json.dump(_plan(env_id, env_kwargs, cfg, seed_list, grid), f, indent=1)
+            json.dump({**{k: v for k, v in plan.items() if k != "cfg"}, "config": cfg.to_dict()}, f, indent=1)
     monitors = _monitors(members, states, run_dir, tensorboard)
     warm_up_torch()
     t_start = time.perf_counter()
@@ -174,6 +187,7 @@ def run_members(
         env_kwargs=env_kwargs,
         resumes=[s[0] for s in states],
         done=[s[1] for s in states],
+        pbt=pbt,
         stop=stop,
         progress=progress,
         t_start=t_start,
@@ -182,17 +196,54 @@ def run_members(
     return members_result(members, trained["results"], run_dir, wall, one_by_one=trained["one_by_one"])
 
 
-def _settle(env_id, env_kwargs, *, config, seeds, sweep, run_dir: str, resume: bool, changes):
-    """``run_members``' arguments settled: ``(env_id, env_kwargs, config, seeds, sweep)``,
-    a resumed population's own (its config with ``changes``)."""
+def _settle(env_id, env_kwargs, config, seeds, sweep, pbt_every, *, run_dir: str, resume: bool, changes) -> dict:
+    """``run_members``' arguments settled as a plan (``env_id``, ``env_kwargs``, ``cfg``,
+    ``seeds``, ``sweep``, ``pbt_every``): a resumed population's own (its config with
+    ``changes``)."""
     if resume:
         plan, cfg = _resumed_plan(run_dir, changes)
-        return plan["env_id"], plan["env_kwargs"], cfg, plan["seeds"], plan["sweep"]
+        return {**plan, "cfg": cfg, "pbt_every": plan.get("pbt_every")}
     if is_population(run_dir):
         raise ValueError(f"{run_dir} holds a population already: continue it with --resume {run_dir}")
     cfg = (config or PPOConfig()).validate()
     grid = parse_sweep(sweep) if isinstance(sweep, list) else parse_sweep(_sweep_items(sweep))
-    return env_id, env_kwargs, cfg, parse_seeds(seeds, cfg.seed), grid
+    seed_list = parse_seeds(seeds, cfg.seed)
+    if pbt_every is not None:
+        check_pbt(pbt_every, len(seed_list) * max(1, math.prod(len(v) for v in grid.values())))
+    return {
+        "env_id": env_id,
+        "env_kwargs": env_kwargs,
+        "cfg": cfg,
+        "seeds": seed_list,
+        "sweep": grid,
+        "pbt_every": pbt_every,
+    }
+
+
+def check_pbt(every, members: int) -> None:
+    """ConfigError (one line) where PBT cannot run: fewer than ``PBT_MIN_MEMBERS``
+    members, or an interval that is not a positive number of env steps."""
+    if members < PBT_MIN_MEMBERS:
+        raise ConfigError(
+            f"--pbt needs {PBT_MIN_MEMBERS} members or more (the bottom quarter copies the top), got {members}"
+        )
+    if isinstance(every, bool) or not float(every).is_integer() or every < 1:
+        raise ConfigError(f"--pbt-every must be a positive integer of env steps, got {every}")
+
+
+def _pbt(every, members: list[Member], states: list, run_dir: str, cfg: PPOConfig):
+    """The population's ``Pbt`` (None without ``every``); on a resume, each member's
+    PBT settings are its checkpoint's, and the lineage goes on from their steps."""
+    if every is None:
+        return None
+    from ..run.pbt import Pbt
+
+    steps = [int(ckpt["train_state"]["env_steps"]) for ckpt, _done in states if ckpt is not None]
+    for m, (ckpt, _done) in zip(members, states):
+        if ckpt is not None:
+            for key in PBT_KEYS:
+                setattr(m.cfg, key, ckpt["config"][key])
+    return Pbt(run_dir, int(every), cfg.seed, [m.label for m in members], resumed_steps=min(steps) if steps else None)
 
 
 def _monitors(members: list[Member], states: list, run_dir: str, tensorboard: bool) -> list:
@@ -289,17 +340,22 @@ def members_call(args, build_config, apply_flags):
     if args.resume is not None:
         if not is_population(args.resume):
             raise ValueError(f"--seeds/--sweep: {args.resume} is a run alone; continue it without them")
-        if args.seeds is not None or args.sweep is not None:
-            raise ValueError("--resume continues the population's members; drop --seeds and --sweep")
+        if args.seeds is not None or args.sweep is not None or args.pbt or args.pbt_every is not None:
+            raise ValueError("--resume continues the population's members; drop --seeds, --sweep and --pbt")
         _resumed_plan(args.resume, apply_flags)  # (the changes checked here)
-        run_dir, env_id, cfg, resume = args.resume, None, None, True
+        run_dir, env_id, cfg, resume, pbt_every = args.resume, None, None, True, None
     else:
         if args.env_id is None:
             raise ValueError("give an env id (e.g. CartPole-v1) or --resume RUN_DIR")
         check_env_id(args.env_id)
         cfg = build_config(args.env_id, args)
         check_members(cfg, args.env_id, nproc=args.nproc or 1, mix=args.mix, backend=args.backend, init=args.init_from)
-        member_configs(cfg, parse_seeds(args.seeds or 1, cfg.seed), parse_sweep(args.sweep or []))
+        count = len(member_configs(cfg, parse_seeds(args.seeds or 1, cfg.seed), parse_sweep(args.sweep or [])))
+        if args.pbt_every is not None and not args.pbt:
+            raise ValueError("--pbt-every needs --pbt")
+        pbt_every = (args.pbt_every or max(1, cfg.total_steps // 10)) if args.pbt else None
+        if pbt_every is not None:
+            check_pbt(pbt_every, count)
         run_dir = args.logdir or default_run_dir(args.env_id, cfg.seed) + "-members"
         if is_population(run_dir):
             raise ValueError(f"{run_dir} holds a population already: continue it with --resume {run_dir}")
@@ -309,6 +365,7 @@ def members_call(args, build_config, apply_flags):
         cfg,
         seeds=args.seeds or 1,
         sweep=args.sweep or [],
+        pbt_every=pbt_every,
         run_dir=run_dir,
         env_kwargs=args.env_kwargs,
         progress=not args.no_progress,

@@ -22,7 +22,17 @@ import itertools
 from .overrides import FIELD_KINDS, apply_overrides
 from .settings import TRANSPORT_KEYS, ConfigError, PPOConfig
 
-__all__ = ["Member", "STRUCTURAL", "parse_seeds", "parse_sweep", "member_configs", "MAX_MEMBERS"]
+__all__ = [
+    "Member",
+    "STRUCTURAL",
+    "parse_seeds",
+    "parse_sweep",
+    "member_configs",
+    "MAX_MEMBERS",
+    "PBT_KEYS",
+    "PBT_MIN_MEMBERS",
+    "perturbed",
+]
 
 MAX_MEMBERS = 1024
 """More members than this in one run is refused (each holds its envs, weights and buffers)."""
@@ -169,3 +179,31 @@ def member_configs(cfg: PPOConfig, seeds: list[int], sweep: dict[str, list] | No
             label = ",".join([*(f"{k}={_text(v)}" for k, v in setting.items()), f"seed-{seed}"])
             members.append(Member(label, setting, c))
     return members
+
+
+PBT_KEYS = {
+    "lr": (1e-6, 1e-2),
+    "ent_coef": (0.0, 0.1),
+    "clip_coef": (0.05, 0.5),
+    "vf_coef": (0.1, 2.0),
+    "max_grad_norm": (0.1, 10.0),
+    "gae_lambda": (0.8, 0.999),
+}
+"""What population-based training perturbs, and the bounds it keeps each in."""
+
+PBT_MIN_MEMBERS = 4
+"""PBT copies the bottom quarter from the top quarter: fewer members have no quarter."""
+
+
+def perturbed(values: dict, rng) -> dict:
+    """``values`` (a member's ``PBT_KEYS`` settings) each multiplied by 0.8 or 1.2, at
+    even odds from ``rng`` (a ``numpy.random.Generator``), then clipped into its bounds;
+    ``gae_lambda``'s distance to 1 is what is multiplied (a horizon 0.8 or 1.2 times as
+    long). A zero (an ``ent_coef`` of 0) stays zero."""
+    out = {}
+    for key, value in values.items():
+        factor = 0.8 if rng.random() < 0.5 else 1.2
+        low, high = PBT_KEYS[key]
+        new = 1.0 - (1.0 - value) * factor if key == "gae_lambda" else value * factor
+        out[key] = float(min(max(new, low), high))
+    return out

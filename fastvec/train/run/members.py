@@ -41,6 +41,7 @@ def train_members(
     env_kwargs: dict | None = None,
     resumes: list[dict | None] | None = None,
     done: list[bool] | None = None,
+    pbt=None,
     stop=None,
     progress: bool = True,
     t_start: float | None = None,
@@ -49,12 +50,14 @@ def train_members(
     logging to ``monitors[k]``; returns ``{"results": each member's result (None for a
     member that was ``done`` before: a resumed population's finished members, whose envs
     only step), "one_by_one": why the members learned one by one (None: at once)}``.
-    ``resumes[k]``: member k's checkpoint to continue (None: it starts afresh). Closes
-    the envs and the monitors."""
+    ``resumes[k]``: member k's checkpoint to continue (None: it starts afresh). ``pbt``:
+    a ``fastvec.train.run.pbt.Pbt`` the members train under (None: independently).
+    Closes the envs and the monitors."""
     K = len(members)
     resumes = resumes or [None] * K
     done = done or [False] * K
     pop = Members(members, envs, monitors, env_id=env_id, env_kwargs=env_kwargs, resumes=resumes)
+    pop.pbt = pbt
     t0 = time.perf_counter() if t_start is None else t_start
     try:
         pop.start(t0, done, progress)
@@ -79,6 +82,7 @@ class Members:
         self.results: list[dict | None] = [None] * len(members)
         self.running: list[int] = []
         self.one_by_one: str | None = None  # why the members learn one by one (None: at once)
+        self.pbt = None  # population-based training (fastvec.train.run.pbt.Pbt), or None
 
     def start(self, t_start: float, done: list[bool], progress: bool) -> None:
         """Each member's run started (its trainer, its seeds given), in turn with its own
@@ -117,6 +121,9 @@ class Members:
     def loop(self, stop) -> None:
         pop, runs = self.population, self.runs
         while self.running:
+            pbt = self.pbt  # (before the safe points: a checkpoint due there holds its event)
+            if pbt is not None and pbt.due(min(runs[k].ppo.env_steps for k in self.running)):
+                pbt.exploit({k: runs[k] for k in self.running})
             going = []
             for k in self.running:  # (a member that ends here is out of ``going``)
                 with pop.as_member(k):
