@@ -477,3 +477,50 @@ class CostEnv(gym.Env):
             pass
         self.t += 1
         return np.array([float(self.t), float(action)]), 1.0, False, self.t >= self.episode_len, {}
+
+
+# --------------------------------------------------------------------------- goal ring
+class GoalRingEnv(gym.Env):
+    """Goal reaching on a ring of ``cells`` cells, with a Dict observation: ``pos`` (the
+    agent's cell, a float Box ``[1]``), ``goal`` (the goal's cell, ``Discrete``) and
+    ``clock`` (the steps left, ``Discrete``). Action ``a`` moves the agent ``a`` cells on;
+    landing on the goal earns 1 and draws a new goal. Only ``(goal - pos) % cells`` lands:
+    a policy that ignores ``pos`` or ``goal`` lands by chance, ``1 / cells`` of the time
+    (an expected return of ``length / cells``); one that reads both returns ``length``."""
+
+    def __init__(self, cells: int = 4, length: int = 8, extra=None):
+        self.cells, self.length = int(cells), int(length)
+        obs = {
+            "pos": spaces.Box(0.0, cells - 1.0, (1,), np.float32),
+            "goal": spaces.Discrete(cells),
+            "clock": spaces.Discrete(length + 1),
+        }
+        if extra is not None:  # one more leaf (what the refusal tests give), always zero
+            obs["extra"] = extra
+        self.observation_space = spaces.Dict(obs)
+        self.action_space = spaces.Discrete(cells)
+        self.pos = self.goal = self.t = 0
+
+    def _obs(self):
+        obs = {"pos": np.array([self.pos], np.float32), "goal": self.goal, "clock": self.length - self.t}
+        if "extra" in self.observation_space.spaces:
+            obs["extra"] = self.observation_space["extra"].sample() * 0
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos, self.goal = (int(x) for x in self.np_random.integers(0, self.cells, 2))
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.pos = (self.pos + int(action)) % self.cells
+        self.t += 1
+        reward = 0.0
+        if self.pos == self.goal:
+            reward = 1.0
+            self.goal = int(self.np_random.integers(0, self.cells))
+        return self._obs(), reward, False, self.t >= self.length, {}
+
+
+gym.register("FvGoalRing-v0", entry_point=__name__ + ":GoalRingEnv")

@@ -46,6 +46,8 @@ class DeployedPolicy(nn.Module):
 
     def __init__(self, policy: ActorCritic, deterministic: bool = True):
         super().__init__()
+        if policy.kind == "multi":
+            raise ValueError("fastvec export does not export Dict/Tuple-observation policies yet (eval runs them)")
         self.deterministic = bool(deterministic)
         self.recurrent = bool(policy.recurrent)
         self.state_size = int(policy.acting_state)

@@ -23,11 +23,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+from gymnasium.spaces import Dict, Tuple
 
 from ..._core.base import IN_SLOT
 from ..._core.segment import leaves_of
 from ..compute.pinned import HostPin, alloc
 from ..config.seeding import seeds_for
+from ..model.observations import Leaves, input_leaves
 
 __all__ = [
     "RolloutStorage",
@@ -54,8 +56,10 @@ class RolloutStorage(Protocol):
     """Worker processes stepping the envs (None: unknown); acting leaves their cores free."""
     single_observation_space: Any
     single_action_space: Any
-    obs: np.ndarray
-    final_obs: np.ndarray
+    obs: Any
+    """``[T + 1, N, *obs_shape]``; for a Dict/Tuple space ``Leaves`` of such arrays, one per
+    leaf (``fastvec.train.model.observations``)."""
+    final_obs: Any
     act: np.ndarray
     rewards: np.ndarray
     terminated: np.ndarray
@@ -117,12 +121,10 @@ class RolloutStorage(Protocol):
         ...
 
 
-def _single_leaf(space, what: str):
-    from gymnasium import spaces
-
-    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+def _single_leaf(space, what: str, where: str = ""):
+    if isinstance(space, Dict | Tuple):
         raise ValueError(
-            f"the PPO trainer needs a single (non Dict/Tuple) {what} space, got {space}; "
+            f"the PPO trainer needs a single (non Dict/Tuple) {what} space{where}, got {space}; "
             "flatten it with a gymnasium wrapper"
         )
 
@@ -158,7 +160,7 @@ class EngineStorage:
         self._placement: dict | None = None
 
     def _check_spaces(self, eng) -> None:
-        _single_leaf(eng.single_observation_space, "observation")
+        input_leaves(eng.single_observation_space)  # a Dict/Tuple's leaves: each one the policy can encode
         _single_leaf(eng.single_action_space, "action")
 
     def _views(self, eng) -> None:
@@ -166,8 +168,9 @@ class EngineStorage:
         self.num_envs = self.num_seeds = eng.num_envs
         self.single_observation_space = eng.single_observation_space
         self.single_action_space = eng.single_action_space
-        self.obs = eng.obs_bufs[0]
-        self.final_obs = eng.final_bufs[0]
+        composite = len(eng.obs_bufs) > 1 or isinstance(eng.single_observation_space, Dict | Tuple)
+        self.obs = Leaves(eng.obs_bufs) if composite else eng.obs_bufs[0]  # a Dict/Tuple: each leaf its ring array
+        self.final_obs = Leaves(eng.final_bufs) if composite else eng.final_bufs[0]
         self.act = eng.act_bufs[0]
         self.rewards = eng.rewards
         self.terminated = eng.terminated
@@ -183,7 +186,7 @@ class EngineStorage:
         return self.engine.worker_pids
 
     def arrays(self) -> list[np.ndarray]:
-        return [self.obs, self.final_obs, self.act, self.rewards, self.terminated, self.truncated]
+        return [*self.engine.obs_bufs, *self.engine.final_bufs, self.act, self.rewards, self.terminated, self.truncated]
 
     def reset(self, seed: int | Sequence[int] | None, slot: int = 0) -> None:
         seeds = seeds_for(seed, self.num_seeds)
@@ -302,7 +305,7 @@ class _CopyStorage:
     active: np.ndarray | None = None
 
     def _alloc_arrays(self, num_slots: int, pin: bool) -> None:
-        _single_leaf(self.single_observation_space, "observation")
+        _single_leaf(self.single_observation_space, "observation", " from a vector env of your own (pass an env id)")
         _single_leaf(self.single_action_space, "action")
         (o,), (a,) = leaves_of(self.single_observation_space), leaves_of(self.single_action_space)
         S, N = num_slots, self.num_envs
