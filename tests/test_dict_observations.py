@@ -30,6 +30,7 @@ from fastvec.train.commands.evaluate import evaluate
 from fastvec.train.commands.launch import run_training
 from fastvec.train.model.actor_critic import MultiInputActorCritic, make_policy
 from fastvec.train.model.observations import Leaves, batch_leaves
+from fastvec.train.pipelines.ring import start_where_left
 
 ROOT = Path(fastvec.__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -119,7 +120,11 @@ def _collect_watched(env_fn, T: int, N: int, **cfg_kw):
     observations it was given; one rollout collected and prepared."""
     cfg = PPOConfig(num_envs=N, n_steps=T, num_workers=2, device="cpu", **cfg_kw)
     storage = engine_storage([env_fn] * N, T + 1, 2)
-    ppo = PPO(cfg, storage, torch.device("cpu"))
+    try:
+        ppo = PPO(cfg, storage, torch.device("cpu"))
+    except BaseException:
+        storage.close()
+        raise
     given = []
     act = ppo.policy.act_
 
@@ -128,9 +133,12 @@ def _collect_watched(env_fn, T: int, N: int, **cfg_kw):
         return act(obs, *args, **kwargs)
 
     ppo.policy.act_ = watching
-    ppo.collector.policy = ppo.policy
-    storage.reset(0)
-    ppo.collect()
+    try:
+        storage.reset(0)
+        ppo.collect()
+    except BaseException:
+        storage.close()
+        raise
     return ppo, storage, given
 
 
@@ -213,6 +221,7 @@ def test_nested_dict_tuple_trains_reloads_and_evaluates(tmp_path, core):
     assert res["env_steps"] == 512
     ckpt = load_checkpoint(str(tmp_path))
     pol = policy_from_checkpoint(ckpt)
+    assert len(pol.extractor.norms) == 3  # box, scalar and the tuple's Box
     for key, norm in pol.extractor.norms.items():
         saved = ckpt["state_dict"][f"extractor.norms.{key}.mean"]
         assert float(norm.count) > 100 and torch.equal(norm.mean, saved) and saved.abs().sum() > 0
@@ -265,3 +274,32 @@ def test_what_is_not_built_for_dict_observations_is_refused():
 
     with pytest.raises(ValueError, match="does not export Dict/Tuple-observation policies"):
         DeployedPolicy(make_policy(GoalRingEnv().observation_space, spaces.Discrete(4)))
+
+
+def test_separate_device_buffers_train_as_zero_copy():
+    """The GPU's path on the CPU (each leaf copied slot by slot into buffers of its own,
+    ``separate_buffers=True``) trains a nested Dict env bit for bit as zero copy, the
+    normaliser's statistics and truncation bootstraps included."""
+    T, N = 8, 4
+    weights = []
+    for separate in (False, True):
+        torch.manual_seed(0)
+        cfg = PPOConfig(num_envs=N, n_steps=T, minibatch_size=16, num_workers=2, device="cpu", normalize_obs=True)
+        storage = engine_storage([DictTupleEnv] * N, T + 1, 2)
+        try:
+            ppo = PPO(cfg, storage, torch.device("cpu"), separate_buffers=separate)
+            assert ppo.rollout.copies is separate
+            storage.reset(0)
+            for _ in range(3):
+                ppo.collect()
+                ppo.prepare()
+                ppo.update()
+                start_where_left(storage, storage, T)  # (as the lock-step schedule does)
+                for buf in storage.engine.obs_bufs:
+                    np.testing.assert_array_equal(buf[0], buf[T])
+            weights.append({k: v.clone() for k, v in ppo.policy.state_dict().items()})
+        finally:
+            storage.close()
+    assert weights[0].keys() == weights[1].keys()
+    for k in weights[0]:
+        assert torch.equal(weights[0][k], weights[1][k]), k

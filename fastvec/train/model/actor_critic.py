@@ -389,6 +389,8 @@ class MultiInputActorCritic(ActorCritic):
         self.dist.act_(self.actor_params(obs), noise, act_out, raw_out, deterministic)
 
     def predict(self, obs, deterministic: bool = True, state: torch.Tensor | None = None) -> np.ndarray:
+        """``ActorCritic.predict`` of a batch of composite observations: as gymnasium's
+        vector envs give them (nested dicts / tuples of batched arrays), or ``Leaves``."""
         if self.recurrent and state is None:
             raise ValueError("a recurrent policy predicts with its state: pass state=torch.zeros(n, policy.state_size)")
         with torch.inference_mode():
