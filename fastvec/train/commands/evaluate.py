@@ -31,14 +31,17 @@ def evaluate(
     A run on a mix of envs (``fastvec.train.config.mix``) is evaluated on envs drawn evenly from
     its groups (at least one per group), each group's mean return reported beside.
     A run on a PettingZoo env is evaluated on copies of it in ``fastvec.AgentVectorEnv``
-    (``num_envs`` copies, one worker): an episode is one agent's.
+    (``num_envs`` copies, one worker): an episode is one agent's. A run with action masks
+    (its config's ``action_mask``) acts among the actions each step's mask allows, read
+    from the same source as in training (``fastvec.action_masks``).
     """
     ckpt = load_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
     env_id = _env_of(ckpt, env_id, episodes)
     mix = ckpt.get("mix")
     venv, group = _eval_envs(ckpt, env_id, episodes, num_envs)
     try:
-        check_spaces(ckpt, venv.single_observation_space, venv.single_action_space, env_id)
+        obs_space = venv.single_observation_space
+        check_spaces(ckpt, obs_space[0] if _masked(ckpt) else obs_space, venv.single_action_space, env_id)
         torch.set_num_threads(1)
         pol = policy_from_checkpoint(ckpt)
         returns, lengths, groups, wall = _episodes(venv, pol, group, episodes, seed, deterministic)
@@ -106,6 +109,10 @@ def _envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
     return [env_factory(env_id, ckpt.get("env_kwargs"))] * n, np.zeros(n, np.int64)
 
 
+def _masked(ckpt: dict) -> bool:
+    return (ckpt.get("config") or {}).get("action_mask", "none") != "none"
+
+
 def _eval_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
     """The vector env to evaluate on (in this process; a PettingZoo env's copies in a
     worker) and each env's group."""
@@ -115,7 +122,12 @@ def _eval_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
 
     if is_pettingzoo(env_id):
         return _agent_envs(ckpt, env_id, episodes, num_envs)
+    from ...action_masks import check_action_mask, masked_factory
+
     fns, group = _envs(ckpt, env_id, episodes, num_envs)
+    if _masked(ckpt):  # the source training read (checked on one env first)
+        source = check_action_mask(fns[0], ckpt["config"]["action_mask"])
+        fns = [masked_factory(fn, source) for fn in fns]
     mode = "different" if ckpt.get("mix") else "same"
     return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, observation_mode=mode), group
 
@@ -149,7 +161,8 @@ def _episodes(venv, pol, group, episodes: int, seed: int, deterministic: bool):
     state = torch.zeros(n, pol.state_size) if pol.recurrent else None  # a recurrent policy's memory
     t0 = time.perf_counter()
     while (counts < targets).any():
-        act = pol.predict(obs, deterministic=deterministic, state=state)
+        obs, mask = obs if pol.masked else (obs, None)  # (a masked env's observation is (obs, mask))
+        act = pol.predict(obs, deterministic=deterministic, state=state, mask=mask)
         if isinstance(venv.single_action_space, gym.spaces.Box):
             act = act.astype(venv.single_action_space.dtype)
         acting = getattr(venv, "active", True)  # (agents: the rows whose action counts)

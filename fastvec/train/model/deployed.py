@@ -46,6 +46,11 @@ class DeployedPolicy(nn.Module):
 
     def __init__(self, policy: ActorCritic, deterministic: bool = True):
         super().__init__()
+        if policy.masked:
+            raise ValueError(
+                "a policy trained with action masks is not exported (its actions need the env's mask): "
+                "use ActorCritic.predict(obs, mask=...)"
+            )
         if policy.kind == "multi":
             raise ValueError("fastvec export does not export Dict/Tuple-observation policies yet (eval runs them)")
         self.deterministic = bool(deterministic)

@@ -11,7 +11,9 @@ that turns them into one feature vector.
 - ``MultiInputEncoder``: one encoder per leaf (the Nature CNN for an image, the running
   normaliser for a vector ``Box``, one-hot for ``Discrete`` and ``MultiDiscrete``,
   ``MultiBinary`` as 0/1 floats), their features concatenated (the design of SB3's
-  ``CombinedExtractor``); ``fastvec.train.model.actor_critic`` puts the MLP bodies after it.
+  ``CombinedExtractor``); ``fastvec.train.model.actor_critic`` puts the MLP bodies after it;
+- ``is_image_space``, ``flat_obs_dim``: how a plain observation space is read (the Nature
+  CNN's image, or the MLP's input size).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ __all__ = [
     "input_leaves",
     "is_composite",
     "image_layout",
+    "is_image_space",
+    "flat_obs_dim",
     "as_torch",
     "leaf_arrays",
     "MultiInputEncoder",
@@ -110,6 +114,31 @@ def image_layout(shape):
     if c <= 16 and h >= 36 and w >= 36:
         return "hwc"
     return None
+
+
+def is_image_space(space: spaces.Space) -> bool:
+    """A ``uint8`` Box of rank 3 (``[C, H, W]`` or ``[H, W, C]``), large enough for the
+    Nature CNN (at least 36x36)."""
+    if not isinstance(space, spaces.Box) or space.dtype != np.uint8 or len(space.shape) != 3:
+        return False
+    return image_layout(space.shape) is not None
+
+
+def flat_obs_dim(space: spaces.Space) -> int:
+    """The MLP's input size for a plain (non-image) observation space; ValueError for another."""
+    if isinstance(space, spaces.Box):
+        return int(np.prod(space.shape, dtype=np.int64))
+    if isinstance(space, spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, spaces.MultiDiscrete):
+        return int(space.nvec.size)
+    if isinstance(space, spaces.MultiBinary):
+        return int(np.prod(np.atleast_1d(space.shape)))
+    raise ValueError(
+        f"the PPO trainer does not support {type(space).__name__} observations; "
+        "use a Box, Discrete, MultiDiscrete or MultiBinary observation space "
+        "(flatten Dict/Tuple observations with gymnasium.wrappers.FlattenObservation)"
+    )
 
 
 class InputLeaf(NamedTuple):
