@@ -21,10 +21,21 @@ import time
 import numpy as np
 import torch
 
-from ..compute.torch_state import rng_state, set_rng_state
 from ..storage.member_rows import MemberEnvs
+from .stacked import StackedMembers
 
 __all__ = ["Population"]
+
+
+def _torch_rng() -> tuple:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_torch_rng(state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state_all(state[1])
 
 
 class Population:
@@ -36,39 +47,65 @@ class Population:
         self.envs = envs
         self.size = len(envs.rows)
         self.ppos: list = [None] * self.size
-        self._rng: list[dict | None] = [None] * self.size
+        self._rng: list[tuple | None] = [None] * self.size
         self._current: int | None = None
+        self._stacked: StackedMembers | None = None
 
     def seed(self, k: int, seed: int) -> None:
         """Member k's random numbers start as a run alone's with ``seed`` (torch's and
         numpy's global generators seeded with it, as ``fastvec train`` seeds them)."""
-        outer = rng_state()
+        outer = _torch_rng()
         torch.manual_seed(seed)
-        np.random.seed(seed)
-        self._rng[k] = rng_state()
-        set_rng_state(outer)
+        np.random.seed(seed)  # (drawn from by nothing in the trainer: not swapped below)
+        self._rng[k] = _torch_rng()
+        _set_torch_rng(outer)
 
     @contextlib.contextmanager
     def as_member(self, k: int):
-        """Inside, torch's and numpy's global generators are member k's; on leaving, what
-        the member drew is kept for its next turn and the generators are as before."""
+        """Inside, torch's generators (the CPU's, and CUDA's where it is in use) are
+        member k's; on leaving, what the member drew is kept for its next turn and the
+        generators are as before. (Numpy's global generator, seeded as a run alone seeds
+        it, is not swapped: the trainer draws nothing from it, and its state costs ten
+        times torch's to read and write.)"""
         if self._rng[k] is None:
             raise RuntimeError(f"member {k} was not seeded")
         if self._current is not None:
             raise RuntimeError(f"member {k}'s turn inside member {self._current}'s")
-        outer = rng_state()
-        set_rng_state(self._rng[k])
+        outer = _torch_rng()
+        _set_torch_rng(self._rng[k])
         self._current = k
         try:
             yield
         finally:
-            self._rng[k] = rng_state()
+            self._rng[k] = _torch_rng()
             self._current = None
-            set_rng_state(outer)
+            _set_torch_rng(outer)
 
     def freeze_actions(self, k: int, action) -> None:
         """Member k acts no more: its envs step on ``action`` (a valid one of the space)."""
         self.envs.rows[k].act[...] = np.asarray(action, dtype=self.envs.rows[k].act.dtype)
+
+    def stack(self) -> str | None:
+        """From now on the members learn at once where they can
+        (``fastvec.train.algo.stacked``); None if they do, else why they learn one by one."""
+        ppos = {k: ppo for k, ppo in enumerate(self.ppos) if ppo is not None}
+        self._stacked = StackedMembers.adopt(ppos)
+        return None if self._stacked is not None else (StackedMembers.why_not(list(ppos.values())) or "one member")
+
+    def learn(self, members: list[int]) -> None:
+        """The members named learn from the rollout just collected: each its targets,
+        then their updates (at once where stacked, else one by one), each with its own
+        random numbers."""
+        for k in members:
+            with self.as_member(k):
+                self.ppos[k].prepare()
+        # (the batched pass computes every member's rows: worth it while most learn)
+        if self._stacked is not None and 1 < len(members) and 2 * len(members) > len(self._stacked.row):
+            self._stacked.update(members, self.as_member)
+            return
+        for k in members:
+            with self.as_member(k):
+                self.ppos[k].update()
 
     def collect(self, members: list[int]) -> None:
         """One rollout of T steps on every env: the members named act (each its
