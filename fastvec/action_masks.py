@@ -9,8 +9,11 @@ space (its branches' masks concatenated, ``sum(nvec)`` in all). The sources
   Taxi-v3 gives it);
 - ``method``: the env's ``action_masks()`` method, asked after every reset and step
   (sb3-contrib's convention; found through wrappers with ``get_wrapper_attr``);
-- ``auto``: whichever of those the env gives, the method first (decided once, on one env
-  built in the trainer's process before any worker starts);
+- ``dict``: the ``action_mask`` key of a ``Dict`` observation (PettingZoo classic's
+  convention), which the policy does not see: its observation is the ``Dict`` without it;
+- ``auto``: whichever of those the env gives, the method first, then the ``Dict`` key,
+  then the info (decided once, on one env built in the trainer's process before any
+  worker starts);
 - ``none``: no mask.
 
 Every source takes one path: ``ActionMaskObservation``, a wrapper around each env in its
@@ -18,9 +21,8 @@ worker, hands the mask on beside the observation, as the observation ``(obs, mas
 (``gymnasium.spaces.Tuple`` of the env's space and a ``MultiBinary`` of the mask's size).
 The engine then carries it in its shared ring like any observation leaf, the trainer
 reads it in place (``fastvec.train.storage.sources.EngineStorage.action_mask``), and no
-info dict is pickled for it (the wrapper takes ``action_mask`` out of the info). A
-further source (a key of a ``Dict`` observation) is one more branch of
-``ActionMaskObservation._read``.
+info dict is pickled for it (the wrapper takes ``action_mask`` out of the info, or out of
+the ``Dict`` observation).
 
 ``check_action_mask`` is the check before any worker starts: one env built, reset and
 its mask's source, shape, dtype and values checked (ValueError, one line).
@@ -38,6 +40,8 @@ from gymnasium import spaces
 
 __all__ = [
     "MASK_SOURCES",
+    "MASK_KEY",
+    "observation_without_mask",
     "ActionMaskObservation",
     "mask_branches",
     "masked_factory",
@@ -47,7 +51,8 @@ __all__ = [
     "split_masked_space",
 ]
 
-MASK_SOURCES = ("none", "auto", "info", "method")
+MASK_SOURCES = ("none", "auto", "info", "method", "dict")
+MASK_KEY = "action_mask"  # the key of the info, or of a Dict observation, that holds the mask
 
 
 def mask_branches(action_space: spaces.Space) -> np.ndarray:
@@ -99,6 +104,14 @@ def split_masked_space(obs_space: spaces.Space, action_space: spaces.Space) -> t
     return obs_space[0], mask_branches(action_space)
 
 
+def observation_without_mask(space: spaces.Space) -> spaces.Dict:
+    """A ``Dict`` observation space holding an ``action_mask`` key, without that key (what
+    the policy sees under ``action_mask=dict``); ValueError for another space."""
+    if not (isinstance(space, spaces.Dict) and MASK_KEY in space.spaces):
+        raise ValueError(f'action_mask=dict: the observation is not a Dict with an "{MASK_KEY}" key ({space})')
+    return spaces.Dict({k: v for k, v in space.spaces.items() if k != MASK_KEY})
+
+
 def _env_method(env: gym.Env) -> Callable | None:
     try:
         fn = env.get_wrapper_attr("action_masks")
@@ -109,40 +122,48 @@ def _env_method(env: gym.Env) -> Callable | None:
 
 class ActionMaskObservation(gym.Wrapper):
     """An env whose observation is ``(obs, mask)``: the env's own observation and its
-    action mask from ``source`` (``info`` or ``method``), as ``int8`` zeros and ones of
-    ``sum(mask_branches(action_space))`` (a ``MultiBinary``). ``info["action_mask"]`` is
-    taken out of the info. A mask of another size is a ValueError at the step it comes."""
+    action mask from ``source`` (``info``, ``method`` or ``dict``), as ``int8`` zeros and
+    ones of ``sum(mask_branches(action_space))`` (a ``MultiBinary``). ``info["action_mask"]``
+    is taken out of the info; under ``dict``, the observation's ``action_mask`` key out of
+    the observation (``obs`` is the ``Dict`` without it). A mask of another size is a
+    ValueError at the step it comes."""
 
     def __init__(self, env: gym.Env, source: str):
         super().__init__(env)
-        if source not in ("info", "method"):
-            raise ValueError(f"the action mask source must be info or method here, got {source!r}")
+        if source not in ("info", "method", "dict"):
+            raise ValueError(f"the action mask source must be info, method or dict here, got {source!r}")
         self.source = source
         self.size = int(mask_branches(env.action_space).sum())
-        self.observation_space = spaces.Tuple((env.observation_space, spaces.MultiBinary(self.size)))
+        own = observation_without_mask(env.observation_space) if source == "dict" else env.observation_space
+        self.observation_space = spaces.Tuple((own, spaces.MultiBinary(self.size)))
         self._method = _env_method(env) if source == "method" else None
         if source == "method" and self._method is None:
             raise ValueError(f"{env} has no action_masks() method (action_mask=method)")
 
-    def _read(self, info: dict) -> np.ndarray:
+    def _read(self, obs, info: dict) -> tuple:
+        """``(obs, mask)`` of the env's observation and info."""
         if self.source == "info":
-            if "action_mask" not in info:
+            if MASK_KEY not in info:
                 raise ValueError('the env gave no info["action_mask"] (action_mask=info)')
-            mask = info.pop("action_mask")
+            mask = info.pop(MASK_KEY)
+        elif self.source == "dict":
+            if not isinstance(obs, dict) or MASK_KEY not in obs:
+                raise ValueError('the env gave no obs["action_mask"] (action_mask=dict)')
+            mask, obs = obs[MASK_KEY], {k: v for k, v in obs.items() if k != MASK_KEY}
         else:
             mask = self._method()  # type: ignore[misc]
         out = np.asarray(mask)
         if out.shape != (self.size,):
             raise ValueError(f"the env's action mask has shape {out.shape}, not ({self.size},)")
-        return out.astype(np.int8, copy=False)
+        return obs, out.astype(np.int8, copy=False)
 
     def reset(self, *, seed=None, options=None):
         obs, info = self.env.reset(seed=seed, options=options)
-        return (obs, self._read(info)), info
+        return self._read(obs, info), info
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        return (obs, self._read(info)), reward, terminated, truncated, info
+        return self._read(obs, info), reward, terminated, truncated, info
 
 
 def _make_masked(fn: Callable[[], gym.Env], source: str) -> gym.Env:
@@ -157,19 +178,39 @@ def masked_factory(fn: Callable[[], gym.Env], source: str) -> Callable[[], gym.E
     return functools.partial(_make_masked, fn, source)
 
 
+def _in_dict(env: gym.Env) -> bool:
+    """Whether ``env``'s observations are a ``Dict`` with an ``action_mask`` key."""
+    space = env.observation_space
+    return isinstance(space, spaces.Dict) and MASK_KEY in space.spaces
+
+
 def _source_of(env: gym.Env, info: dict, source: str) -> str:
-    has_method, has_info = _env_method(env) is not None, "action_mask" in info
+    has_method, has_info, has_key = _env_method(env) is not None, MASK_KEY in info, _in_dict(env)
     if source == "auto":
-        if not (has_method or has_info):
+        if not (has_method or has_info or has_key):
             raise ValueError(
-                'action_mask=auto: the env gives no action mask (neither an action_masks() method nor info["action_mask"])'
+                "action_mask=auto: the env gives no action mask (neither an action_masks() method, "
+                'a Dict observation\'s "action_mask" key nor info["action_mask"])'
             )
-        return "method" if has_method else "info"
+        return "method" if has_method else "dict" if has_key else "info"
     if source == "method" and not has_method:
         raise ValueError("action_mask=method: the env has no action_masks() method")
     if source == "info" and not has_info:
         raise ValueError('action_mask=info: the env\'s reset gives no info["action_mask"]')
+    if source == "dict" and not has_key:
+        raise ValueError(
+            f'action_mask=dict: the env\'s observation is not a Dict with an "action_mask" key ({env.observation_space})'
+        )
     return source
+
+
+def _first_mask(env: gym.Env, obs: Any, info: dict, source: str) -> Any:
+    """The mask of the reset that gave ``obs`` and ``info``, from ``source``."""
+    if source == "info":
+        return info[MASK_KEY]
+    if source == "dict":
+        return obs[MASK_KEY]
+    return _env_method(env)()  # type: ignore[misc]
 
 
 def _check_mask(mask: Any, branches: np.ndarray) -> None:
@@ -192,7 +233,7 @@ def _check_mask(mask: Any, branches: np.ndarray) -> None:
 
 def check_action_mask(fn: Callable[[], gym.Env], source: str, seed: int | None = None) -> str:
     """The mask source ``fn``'s envs give, checked on one env built and reset here
-    (``source`` ``auto`` settled to ``info`` or ``method``; ``none`` as it is): ValueError,
+    (``source`` ``auto`` settled to ``info``, ``method`` or ``dict``; ``none`` as it is): ValueError,
     one line, where the action space takes no mask, the env does not give the source, or
     the first reset's mask has the wrong shape, dtype or values."""
     if source not in MASK_SOURCES:
@@ -202,9 +243,9 @@ def check_action_mask(fn: Callable[[], gym.Env], source: str, seed: int | None =
     env = fn()
     try:
         branches = mask_branches(env.action_space)
-        _obs, info = env.reset(seed=seed)
+        obs, info = env.reset(seed=seed)
         source = _source_of(env, info, source)
-        _check_mask(info["action_mask"] if source == "info" else _env_method(env)(), branches)  # type: ignore[misc]
+        _check_mask(_first_mask(env, obs, info, source), branches)
     finally:
         env.close()
     return source

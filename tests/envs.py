@@ -479,6 +479,53 @@ class CostEnv(gym.Env):
         return np.array([float(self.t), float(action)]), 1.0, False, self.t >= self.episode_len, {}
 
 
+# --------------------------------------------------------------------------- goal ring
+class GoalRingEnv(gym.Env):
+    """Goal reaching on a ring of ``cells`` cells, with a Dict observation: ``pos`` (the
+    agent's cell, a float Box ``[1]``), ``goal`` (the goal's cell, ``Discrete``) and
+    ``clock`` (the steps left, ``Discrete``). Action ``a`` moves the agent ``a`` cells on;
+    landing on the goal earns 1 and draws a new goal. Only ``(goal - pos) % cells`` lands:
+    a policy that ignores ``pos`` or ``goal`` lands by chance, ``1 / cells`` of the time
+    (an expected return of ``length / cells``); one that reads both returns ``length``."""
+
+    def __init__(self, cells: int = 4, length: int = 8, extra=None):
+        self.cells, self.length = int(cells), int(length)
+        obs = {
+            "pos": spaces.Box(0.0, cells - 1.0, (1,), np.float32),
+            "goal": spaces.Discrete(cells),
+            "clock": spaces.Discrete(length + 1),
+        }
+        if extra is not None:  # one more leaf (what the refusal tests give), always zero
+            obs["extra"] = extra
+        self.observation_space = spaces.Dict(obs)
+        self.action_space = spaces.Discrete(cells)
+        self.pos = self.goal = self.t = 0
+
+    def _obs(self):
+        obs = {"pos": np.array([self.pos], np.float32), "goal": self.goal, "clock": self.length - self.t}
+        if "extra" in self.observation_space.spaces:
+            obs["extra"] = self.observation_space["extra"].sample() * 0
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos, self.goal = (int(x) for x in self.np_random.integers(0, self.cells, 2))
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.pos = (self.pos + int(action)) % self.cells
+        self.t += 1
+        reward = 0.0
+        if self.pos == self.goal:
+            reward = 1.0
+            self.goal = int(self.np_random.integers(0, self.cells))
+        return self._obs(), reward, False, self.t >= self.length, {}
+
+
+gym.register("FvGoalRing-v0", entry_point=__name__ + ":GoalRingEnv")
+
+
 # --------------------------------------------------------------------------- masked
 class MaskedChoiceEnv(gym.Env):
     """Discrete(6) actions under an action mask drawn at random every step (at least one
@@ -489,14 +536,27 @@ class MaskedChoiceEnv(gym.Env):
     ``int8``), ``method`` (an ``action_masks()`` method, bool) or ``both``; ``multi``: a
     ``MultiDiscrete([3, 4])`` action space instead, one mask per branch (an action earns
     the two branches' sums, every sub-action must be valid). ``bad``: make the mask wrong
-    (``shape``, ``dtype``, ``empty`` at step 3 of each episode, ``empty_first``)."""
+    (``shape``, ``dtype``, ``empty`` at step 3 of each episode, ``empty_first``).
 
-    def __init__(self, source: str = "info", length: int = 10, multi: bool = False, bad: str = ""):
+    ``dict_obs``: the observation is a Dict instead, ``seen`` (the mask as floats) and
+    ``clock`` (the steps taken, ``Discrete``); ``source="dict"`` gives the mask as its
+    ``action_mask`` key too (an ``int8`` Box, PettingZoo classic's convention), and neither
+    in the info nor through a method."""
+
+    def __init__(
+        self, source: str = "info", length: int = 10, multi: bool = False, bad: str = "", dict_obs: bool = False
+    ):
         self.source, self.length, self.multi, self.bad = source, int(length), bool(multi), bad
         self.nvec = [3, 4] if multi else [6]
         self.action_space = spaces.MultiDiscrete(self.nvec) if multi else spaces.Discrete(6)
         self.size = sum(self.nvec)
         self.observation_space = spaces.Box(0.0, 1.0, (self.size,), np.float32)
+        self.dict_obs = bool(dict_obs) or source == "dict"
+        if self.dict_obs:
+            obs = {"seen": self.observation_space, "clock": spaces.Discrete(self.length + 1)}
+            if source == "dict":
+                obs["action_mask"] = spaces.Box(0, 1, (self.size,), np.int8)
+            self.observation_space = spaces.Dict(obs)
         self.mask = np.ones(self.size, bool)
         self.t = 0
         if source in ("method", "both"):  # (the info source's env has no such method)
@@ -521,7 +581,12 @@ class MaskedChoiceEnv(gym.Env):
     def _out(self, info: dict):
         if self.source in ("info", "both"):
             info["action_mask"] = self._masks().astype(np.int8) if self.bad != "dtype" else self._masks()
-        return self.mask.astype(np.float32), info
+        if not self.dict_obs:
+            return self.mask.astype(np.float32), info
+        obs = {"seen": self.mask.astype(np.float32), "clock": self.t}
+        if self.source == "dict":
+            obs["action_mask"] = self._masks().astype(np.int8) if self.bad != "dtype" else self._masks()
+        return obs, info
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)

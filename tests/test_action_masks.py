@@ -217,6 +217,79 @@ def test_rollout_masks_equal_the_envs_replayed_one_by_one(multi, settings):
     np.testing.assert_allclose(logp.reshape(-1), ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("source", ["info", "dict"])
+def test_a_dict_observation_and_its_mask_are_read_apart(source):
+    """A Dict observation under a mask: the engine's ring holds the Dict's leaves, then the
+    mask (its last leaf); the trainer reads the Dict as ``Leaves`` and the mask apart, and
+    under ``dict`` (what ``auto`` settles to) the Dict it sees lacks the ``action_mask``
+    key. Against each env rebuilt alone, reset with the same seed and fed the same actions."""
+    T, N = 24, 4
+    kwargs = {"source": source, "dict_obs": True, "length": 7}
+    cfg = PPOConfig(num_envs=N, n_steps=T, num_workers=2, device="cpu", action_mask="auto")
+    cfg = settle_mask_source(cfg, ENV, kwargs)
+    assert cfg.action_mask == source
+    storage = build_storage(ENV, cfg, env_kwargs=kwargs)
+    try:
+        space = storage.single_observation_space
+        assert isinstance(space, spaces.Dict) and list(space.spaces) == ["clock", "seen"]
+        assert len(storage.obs.leaves) == 2 and len(storage.engine.obs_bufs) == 3
+        assert np.shares_memory(storage.action_mask, storage.engine.obs_bufs[-1])
+        ppo = PPO(cfg, storage, torch.device("cpu"))
+        assert ppo.policy.kind == "multi" and ppo.policy.masked
+        seeds = [5, 6, 7, 8]
+        storage.reset(seeds)
+        ppo.collect()
+        ppo.prepare()
+        clock, seen = (x.copy() for x in storage.obs.leaves)
+        masks, acts = storage.action_mask.copy(), storage.act.copy()
+        ppo.update()
+        assert torch.isfinite(ppo.flat_param).all() and ppo.updater.updates == 1
+    finally:
+        storage.close()
+    for i in range(N):
+        env = envs.MaskedChoiceEnv(**kwargs)
+        o, info = env.reset(seed=seeds[i])
+        for t in range(T):
+            mask = o["action_mask"] if source == "dict" else info["action_mask"]
+            assert np.array_equal(masks[t, i], mask.astype(bool)), (i, t)
+            assert clock[t, i] == o["clock"] and np.array_equal(seen[t, i], o["seen"]), (i, t)
+            o, _r, term, trunc, info = env.step(acts[t + 1, i])
+            assert not term  # no invalid action was taken
+            if trunc:
+                o, info = env.reset()
+
+
+def test_a_dict_observations_mask_key_trains_and_evaluates(tmp_path, capsys):
+    """``--action-mask auto`` on a Dict observation holding ``action_mask`` (PettingZoo
+    classic's convention) settles to ``dict``: the run takes no invalid action and learns
+    the best valid one, its policy's observation space lacks the key, and eval and
+    ``predict`` honour the masks."""
+    run, result = _train(tmp_path, capsys, "--action-mask", "auto", "--env-kwargs", "source=dict")
+    ckpt = load_checkpoint(str(run / "checkpoint.pt"))
+    assert ckpt["config"]["action_mask"] == "dict"
+    assert result["policy"].startswith("multi+categorical+masked")
+    per_env = result["env_steps"] // 8
+    assert result["episodes"] == 8 * (per_env // 10)  # every episode ran its 10 steps: no invalid action
+    oracle = 10 * _oracle_step_reward()
+    assert result["final_mean_return"] > 0.9 * oracle
+    assert cli_main("eval", [str(run), "--episodes", "16"]) == 0
+    ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert ev["mean_length"] == 10.0 and ev["mean_return"] > 0.95 * oracle
+    pol = policy_from_checkpoint(ckpt)
+    assert list(pol.obs_space.spaces) == ["clock", "seen"]
+    env = ActionMaskObservation(envs.MaskedChoiceEnv(source="dict"), "dict")
+    (obs, mask), _ = env.reset(seed=0)
+    assert set(obs) == {"clock", "seen"}
+    for _ in range(30):
+        batch = {k: np.asarray(v)[None] for k, v in obs.items()}
+        act = pol.predict(batch, mask=mask[None])[0]
+        assert mask[act]
+        (obs, mask), _r, term, trunc, _ = env.step(act)
+        assert not term
+        if trunc:
+            (obs, mask), _ = env.reset()
+
+
 def test_a_step_whose_mask_allows_nothing_names_the_env(tmp_path, capsys):
     argv = [ENV, "--action-mask", "info", "--mix", "count=3", "--mix", "count=1,bad=empty", "--no-progress"]
     code = cli_main("train", [*argv, "--total-steps", "2048", "--logdir", str(tmp_path / "run")])
@@ -245,7 +318,12 @@ def test_a_step_whose_mask_allows_nothing_names_the_env(tmp_path, capsys):
         (["CartPole-v1", "--action-mask", "auto"], "the env gives no action mask"),
         (["Pendulum-v1", "--action-mask", "auto"], "need a Discrete or MultiDiscrete action space, not Box"),
         ([ENV, "--action-mask", "info", "--set", "pipeline=async"], "action masks need pipeline=lockstep"),
-        ([ENV, "--set", "action_mask=sometimes"], "action_mask must be one of none, auto, info, method"),
+        ([ENV, "--set", "action_mask=sometimes"], "action_mask must be one of none, auto, info, method, dict"),
+        (["CartPole-v1", "--action-mask", "dict"], 'the env\'s observation is not a Dict with an "action_mask" key'),
+        (
+            [ENV, "--action-mask", "dict", "--env-kwargs", "source=dict,bad=dtype"],
+            "must hold booleans (or 0/1 integers), not float32",
+        ),
     ],
 )
 def test_bad_input_is_one_line_before_any_worker_starts(capsys, monkeypatch, argv, expect):

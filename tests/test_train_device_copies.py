@@ -27,7 +27,7 @@ from fastvec.train.compute.busy import DeviceBusy
 from fastvec.train.model.actor_critic import make_policy
 from fastvec.train.model.distributions import GaussianDist
 from fastvec.train.storage.rollout import Rollout
-from fastvec.train.storage.sources import GymVectorStorage
+from fastvec.train.storage.vector_copies import GymVectorStorage
 
 CPU = torch.device("cpu")
 

@@ -88,6 +88,22 @@ def test_a_member_is_its_run_alone(tmp_path, env_id, over):
         _assert_same_run(member, solo, exact=not at_once)
 
 
+def test_a_member_of_a_dict_observation_population_is_its_run_alone(tmp_path):
+    # GoalRing's Dict observation (a Box and two Discretes): each member's rows of every
+    # leaf, and its own normaliser of the Box leaf; its members learn one by one (autograd),
+    # so bit for bit
+    env_id = "envs:FvGoalRing-v0"
+    cfg = _cfg(env_id, normalize_obs=True)
+    pop = run_members(env_id, cfg, seeds=[3, 7], run_dir=str(tmp_path / "pop"), progress=False, tensorboard=False)
+    assert pop["learned_at_once"] is False
+    for seed in (3, 7):
+        member = load_checkpoint(str(tmp_path / "pop" / f"seed-{seed}" / "checkpoint.pt"))
+        assert "extractor.norms.2.mean" in member["state_dict"]  # pos, the Dict's last key
+        assert member["train_state"]["tracker"]["episodes"] > 0
+        _assert_same_run(member, _solo(tmp_path, env_id, cfg, seed))
+    assert pop["labels"] == ["seed-3", "seed-7"]
+
+
 def test_a_sweep_member_is_its_run_alone_with_its_setting(tmp_path):
     cfg = _cfg("CartPole-v1")
     d = tmp_path / "pop"

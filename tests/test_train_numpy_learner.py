@@ -216,7 +216,7 @@ def test_learners_track_each_other_on_cartpole():
 
     from fastvec.train import apply_overrides
     from fastvec.train.config.presets import env_factory, preset_for
-    from fastvec.train.storage.sources import storage_for
+    from fastvec.train.storage.vector_copies import storage_for
 
     params = {}
     for learner in ("torch", "numpy"):

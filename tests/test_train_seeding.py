@@ -21,7 +21,8 @@ from fastvec.train.config.mix import mix_factories, resolve_mix
 from fastvec.train.config.presets import env_factory
 from fastvec.train.config.seeding import OFFSET, SPAWNED, env_seeds, seeds_for
 from fastvec.train.run.loop import run_env_seeds
-from fastvec.train.storage.sources import EngineStorage, GymVectorStorage, SB3VecStorage
+from fastvec.train.storage.sources import EngineStorage
+from fastvec.train.storage.vector_copies import GymVectorStorage, SB3VecStorage
 
 LEGACY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "legacy")
 

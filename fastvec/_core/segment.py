@@ -79,7 +79,7 @@ def leaves_of(space: spaces.Space, path: tuple = (), pickled: bool = False) -> l
     raise ValueError(
         f"fastvec cannot lay out {type(space).__name__} (at {where}) in shared memory here; "
         "supported leaves are Box, Discrete, MultiDiscrete and MultiBinary inside Dict and Tuple "
-        "(fastvec.AsyncVectorEnv carries other spaces pickled)"
+        "(fastvec.AsyncVectorEnv carries other spaces pickled; gymnasium.wrappers.FilterObservation leaves one out)"
     )
 
 

@@ -48,7 +48,8 @@ from .run.card import write_model_card
 from .run.loop import train
 from .run.monitor import Monitor
 from .run.stops import RestartLimitError
-from .storage.sources import EngineStorage, GymVectorStorage, HostPin, RolloutStorage, SB3VecStorage, storage_for
+from .storage.sources import EngineStorage, HostPin, RolloutStorage
+from .storage.vector_copies import GymVectorStorage, SB3VecStorage, storage_for
 
 __all__ = [
     "PPOConfig",

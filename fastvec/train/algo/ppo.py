@@ -24,7 +24,8 @@ from ..compute.ranks import SOLO, Ranks
 from ..compute.torch_state import Threads, rng_state, set_rng_state
 from ..config.seeding import OFFSET, SPAWNED, check_scheme
 from ..config.settings import PPOConfig
-from ..model.actor_critic import ActorCritic, is_image_space, make_policy
+from ..model.actor_critic import ActorCritic, make_policy
+from ..model.observations import is_image_space
 from ..storage.rollout import Rollout
 from .collect import Collector
 from .optim import flatten_parameters

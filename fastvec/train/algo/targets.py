@@ -31,6 +31,7 @@ from ..compute.ranks import SOLO, Ranks
 from ..compute.torch_state import Threads
 from ..config.settings import PPOConfig
 from ..model.actor_critic import Sequences
+from ..model.observations import as_torch
 from ..storage.rollout import Rollout
 from .statistics import RewardScaler
 
@@ -150,13 +151,13 @@ class Targets:
         if not pol.values_at_act:
             # One batched pass (the policy did not change while acting).
             if len(rows) == T + 1:
-                flat = ro.obs_dev.reshape((T + 1) * N, *ro.obs.shape[2:])
+                flat = ro.obs_dev.flatten(0, 1)
                 params, v = pol.params_and_value(flat)
                 ro.values.copy_(v.view(T + 1, N))
                 ro.logp.copy_(pol.dist.log_prob(params[: T * N], ro.batch_actions()).view(T, N))
             else:
                 idx = torch.from_numpy(rows)
-                params, v = pol.params_and_value(ro.obs_dev[idx].reshape(len(rows) * N, *ro.obs.shape[2:]))
+                params, v = pol.params_and_value(ro.obs_dev[idx].flatten(0, 1))
                 ro.values[idx] = v.view(len(rows), N)
                 acted = rows[rows < T]
                 acts = ro.batch_actions()
@@ -169,7 +170,7 @@ class Targets:
         if not boot.any():
             return None
         ts, ns = np.nonzero(boot)
-        final = torch.from_numpy(ro.storage.final_obs[1:][ts, ns]).to(ro.device)
+        final = as_torch(ro.storage.final_obs[1:][ts, ns]).to(ro.device)
         return ts, ns, pol.value(final).float().cpu().numpy()
 
     def _sequence_pass(self, ro: Rollout, boot: np.ndarray, keep_logp: bool = False):
@@ -198,7 +199,7 @@ class Targets:
         self._carry = (left[T - 1][:, k:] * (~ro.starts[T]).unsqueeze(-1)).clone()  # the next rollout's
         if not len(ts):
             return None, logp
-        final = torch.from_numpy(ro.storage.final_obs[1:][ts, ns]).to(ro.device)
+        final = as_torch(ro.storage.final_obs[1:][ts, ns]).to(ro.device)
         fed = torch.stack([left[t][n] for t, n in zip(ts.tolist(), ns.tolist())])
         return (ts, ns, pol.value_fed(final, fed).float().cpu().numpy()), logp
 

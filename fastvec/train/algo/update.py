@@ -277,7 +277,7 @@ class Updater:
             cols = data[r]
             o = cols[:, :D] if obs is None else obs[r]
             seq = Sequences(
-                o.view(L, -1, *o.shape[1:]),
+                o.unflatten(0, (L, -1)),
                 ro.states[first[a : a + per], env[a : a + per]],
                 ro.starts[steps[:, a : a + per], env[a : a + per]],
                 keep,

@@ -67,7 +67,8 @@ def build_storage(
     from ..config.mix import mix_factories
     from ..config.presets import env_factory
     from ..pipelines.ring import ring_slots
-    from ..storage.sources import EngineStorage, RayEngineStorage, storage_for
+    from ..storage.sources import EngineStorage, RayEngineStorage
+    from ..storage.vector_copies import storage_for
 
     check_backend(cfg, venv=venv, backend=backend)
     slots, tr = ring_slots(cfg), cfg.transport
@@ -125,7 +126,7 @@ def check_masks_serve(cfg, env_id, *, venv=None, mix=None) -> None:
 def settle_mask_source(cfg, env_id, env_kwargs=None, mix=None):
     """``cfg`` with its ``action_mask`` source checked on one env built here, before any
     worker starts (``fastvec.action_masks.check_action_mask``, its ValueError a
-    ConfigError; ``auto`` settled to ``info`` or ``method``, which checkpoints record)."""
+    ConfigError; ``auto`` settled to ``info``, ``method`` or ``dict``, which checkpoints record)."""
     from ...action_masks import check_action_mask
     from ..config.mix import mix_factories
     from ..config.presets import env_factory

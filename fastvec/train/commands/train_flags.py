@@ -54,9 +54,9 @@ def run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--action-mask",
         default=None,
-        choices=["none", "auto", "info", "method"],
+        choices=["none", "auto", "info", "method", "dict"],
         help='where the env\'s action masks come from: info["action_mask"], its action_masks() method, '
-        "auto (whichever it gives) or none (default)",
+        'the "action_mask" key of its Dict observation, auto (whichever it gives) or none (default)',
     )
     p.add_argument("--zoo", action="store_true", help="use RL Zoo's hyperparameters where known (CartPole)")
     p.add_argument("--list-keys", action="store_true", help="print the config for ENV_ID and exit")

@@ -31,7 +31,7 @@ PROXIMAL = ("acting", "learner")
 # What the model builds (``fastvec.train.model``): its encoders' activations, its cores.
 ACTIVATION_NAMES = ("tanh", "relu", "elu", "gelu", "silu")
 CORES = ("none", "lstm", "gru")
-ACTION_MASKS = ("none", "auto", "info", "method")  # fastvec.action_masks.MASK_SOURCES
+ACTION_MASKS = ("none", "auto", "info", "method", "dict")  # fastvec.action_masks.MASK_SOURCES
 
 
 class ConfigError(ValueError):

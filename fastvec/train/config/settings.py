@@ -241,8 +241,9 @@ class PPOConfig:
     """Units of the recurrent core (policy_core lstm or gru)."""
     action_mask: str = "none"
     """Where the env's action masks come from (``fastvec.action_masks``): none, info
-    (``info["action_mask"]``), method (the env's ``action_masks()``) or auto (whichever it
-    gives, settled at the start); masked actions are never sampled."""
+    (``info["action_mask"]``), method (the env's ``action_masks()``), dict (the
+    ``action_mask`` key of a Dict observation, which the policy then does not see) or auto
+    (whichever it gives, settled at the start); masked actions are never sampled."""
     bptt: int | None = None
     """With a recurrent core: the steps of the sequences PPO's epochs replay (truncated
     backpropagation through time), each env's rollout cut into ``n_steps / bptt`` of them,

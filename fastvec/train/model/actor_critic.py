@@ -5,7 +5,9 @@ an LSTM or GRU: ``policy_core``) and the **heads** (a linear layer to the action
 
 - Observations: an MLP encoder for vector observations (any non-image ``Box``,
   ``Discrete`` one-hot, ``MultiBinary``/``MultiDiscrete`` as numbers); the Nature CNN for
-  images (a ``uint8`` ``Box`` of shape ``[C, H, W]``, e.g. 4 stacked 84x84 Atari frames).
+  images (a ``uint8`` ``Box`` of shape ``[C, H, W]``, e.g. 4 stacked 84x84 Atari frames);
+  for a ``Dict`` or ``Tuple`` observation, ``MultiInputActorCritic``: an encoder per leaf,
+  concatenated, before the MLP bodies (``fastvec.train.model.observations``).
 - Actions: a categorical head for ``Discrete``, ``MultiDiscrete`` and ``MultiBinary``; a
   diagonal Gaussian with a state-independent log std for ``Box``. ``action_masks``: the
   categorical takes action masks (``masked``): every acting call is given the step's mask,
@@ -46,8 +48,25 @@ from .acting import ActingPath, build_acting_path, vector_input
 from .cores import make_core
 from .distributions import GaussianDist, make_dist
 from .encoders import ACTIVATIONS, NatureCNN, RunningNorm, mlp_encoder, orthogonal
+from .observations import (
+    Leaves,
+    MultiInputEncoder,
+    batch_leaves,
+    flat_obs_dim,
+    image_layout,
+    input_leaves,
+    is_image_space,
+)
 
-__all__ = ["ActorCritic", "Body", "Sequences", "make_policy", "is_image_space", "describe_policy", "ACTIVATIONS"]
+__all__ = [
+    "ActorCritic",
+    "MultiInputActorCritic",
+    "Body",
+    "Sequences",
+    "make_policy",
+    "describe_policy",
+    "ACTIVATIONS",
+]
 
 
 class Sequences(NamedTuple):
@@ -61,41 +80,6 @@ class Sequences(NamedTuple):
     state: torch.Tensor
     starts: torch.Tensor
     keep: torch.Tensor | None = None
-
-
-def is_image_space(space: spaces.Space) -> bool:
-    """A ``uint8`` Box of rank 3 (``[C, H, W]`` or ``[H, W, C]``), large enough for the
-    Nature CNN (at least 36x36)."""
-    if not isinstance(space, spaces.Box) or space.dtype != np.uint8 or len(space.shape) != 3:
-        return False
-    return _image_layout(space.shape) is not None
-
-
-def _image_layout(shape):
-    """'chw' or 'hwc' (channels first preferred), or None if not an image."""
-    c, h, w = shape
-    if c <= 16 and h >= 36 and w >= 36:
-        return "chw"
-    h, w, c = shape
-    if c <= 16 and h >= 36 and w >= 36:
-        return "hwc"
-    return None
-
-
-def _flat_obs_dim(space: spaces.Space) -> int:
-    if isinstance(space, spaces.Box):
-        return int(np.prod(space.shape, dtype=np.int64))
-    if isinstance(space, spaces.Discrete):
-        return int(space.n)
-    if isinstance(space, spaces.MultiDiscrete):
-        return int(space.nvec.size)
-    if isinstance(space, spaces.MultiBinary):
-        return int(np.prod(np.atleast_1d(space.shape)))
-    raise ValueError(
-        f"the PPO trainer does not support {type(space).__name__} observations; "
-        "use a Box, Discrete, MultiDiscrete or MultiBinary observation space "
-        "(flatten Dict/Tuple observations with gymnasium.wrappers.FlattenObservation)"
-    )
 
 
 class Body(nn.Module):
@@ -151,8 +135,9 @@ class ActorCritic(nn.Module):
         if self.image:
             self._shared_body(obs_space, cnn_features)
         else:
-            self._separate_bodies(obs_space, hidden, critic_hidden, activation, ortho_init)
-            if normalize_obs and not self.one_hot:
+            self.obs_dim, own_norm = self._input_size(obs_space, cnn_features, normalize_obs)
+            self._separate_bodies(hidden, critic_hidden, activation, ortho_init)
+            if own_norm:
                 self.obs_norm = RunningNorm(self.obs_dim)
         self.values_at_act = self.image and not self.recurrent
         sizes = [m.core.state_size for m in self._bodies()]
@@ -166,18 +151,22 @@ class ActorCritic(nn.Module):
         self._acting: ActingPath | None = None  # made on first use (acting_path)
 
     def _shared_body(self, obs_space, features: int) -> None:
-        self.hwc = _image_layout(obs_space.shape) == "hwc"
+        self.hwc = image_layout(obs_space.shape) == "hwc"
         c, h, w = obs_space.shape if not self.hwc else (obs_space.shape[2], *obs_space.shape[:2])
         self.body = Body(NatureCNN(c, h, w, features), make_core(self.core_kind, features, self.core_size))
         out = self.core_size if self.recurrent else features
         self.actor_head = orthogonal(nn.Linear(out, self.dist.n_params), 0.01)
         self.critic_head = orthogonal(nn.Linear(out, 1), 1.0)
 
-    def _separate_bodies(self, obs_space, hidden, critic_hidden, activation: str, ortho: bool) -> None:
-        self.obs_dim = _flat_obs_dim(obs_space)
+    def _input_size(self, obs_space, cnn_features: int, normalize: bool) -> tuple[int, bool]:
+        """The MLP bodies' input size for ``obs_space``, and whether a ``RunningNorm``
+        of that size normalises it (``MultiInputActorCritic``: its encoder's)."""
         self.one_hot = isinstance(obs_space, spaces.Discrete)
         if self.one_hot:
             self.obs_start = int(obs_space.start)
+        return flat_obs_dim(obs_space), normalize and not self.one_hot
+
+    def _separate_bodies(self, hidden, critic_hidden, activation: str, ortho: bool) -> None:
         sizes = [self.obs_dim, *[int(h) for h in hidden]]
         critic_sizes = sizes if critic_hidden is None else [self.obs_dim, *[int(h) for h in critic_hidden]]
         for side, sz, out, gain in (("actor", sizes, self.dist.n_params, 0.01), ("critic", critic_sizes, 1, 1.0)):
@@ -250,7 +239,7 @@ class ActorCritic(nn.Module):
         ``{t: the states its cores left after step t}`` for ``t`` in ``need``, rows of
         ``state_size``)."""
         L, B = seq.starts.shape
-        x = self.preprocess(seq.obs.reshape(L * B, *seq.obs.shape[2:]))
+        x = self.preprocess(seq.obs.flatten(0, 1))
         if self.image:
             y, left = self.body.core.sequence(self.body.encoder(x).view(L, B, -1), seq.state, seq.starts, need)
             y = y.reshape(L * B, -1)
@@ -366,19 +355,23 @@ class ActorCritic(nn.Module):
         with torch.inference_mode():
             dev = next(self.parameters()).device
             o = torch.as_tensor(np.asarray(obs), device=dev)
-            n = o.shape[0]
-            m = self._predict_mask(mask, n, dev)
-            out = torch.empty(
-                (n, *self.dist.action_shape),
-                dtype=torch.float32 if isinstance(self.dist, GaussianDist) else torch.int64,
-                device=dev,
-            )
-            noise = self.dist.sample_noise(torch.empty(self.dist.noise_shape(n), device=dev))
-            if self.recurrent:
-                self.act_recurrent(o, state, state, noise, out, deterministic=deterministic, mask=m)
-            else:
-                self.dist.act_(self.actor_params(o), noise, out, None, deterministic, m)
-            return out.cpu().numpy()
+            return self._predict(o, o.shape[0], deterministic, state, mask)
+
+    def _predict(self, o, n: int, deterministic: bool, state, mask) -> np.ndarray:
+        """``predict`` of the network input ``o`` (a batch of ``n``, on the policy's device)."""
+        dev = next(self.parameters()).device
+        m = self._predict_mask(mask, n, dev)
+        out = torch.empty(
+            (n, *self.dist.action_shape),
+            dtype=torch.float32 if isinstance(self.dist, GaussianDist) else torch.int64,
+            device=dev,
+        )
+        noise = self.dist.sample_noise(torch.empty(self.dist.noise_shape(n), device=dev))
+        if self.recurrent:
+            self.act_recurrent(o, state, state, noise, out, deterministic=deterministic, mask=m)
+        else:
+            self.dist.act_(self.actor_params(o), noise, out, None, deterministic, m)
+        return out.cpu().numpy()
 
     def _predict_mask(self, mask, n: int, dev) -> torch.Tensor | None:
         """``predict``'s mask as ``[n, actions]`` bool on ``dev``; ValueError on bad input."""
@@ -399,6 +392,66 @@ class ActorCritic(nn.Module):
         return m
 
 
+class MultiInputActorCritic(ActorCritic):
+    """An ``ActorCritic`` over a Dict or Tuple observation (nested too): a
+    ``MultiInputEncoder`` (``fastvec.train.model.observations``: an encoder per leaf, their
+    features concatenated, shared by the actor and the critic) before the two MLP bodies.
+    Its observations are ``Leaves``; ``predict`` takes them as gymnasium's vector envs
+    give them (nested dicts / tuples of batched arrays). Acts through the modules (no
+    ``ActingPath``), and trains with autograd (not the numpy learner)."""
+
+    def _input_size(self, obs_space, cnn_features: int, normalize: bool) -> tuple[int, bool]:
+        leaves = input_leaves(obs_space)
+        assert leaves is not None
+        self.kind, self.one_hot = "multi", False
+        self.extractor = MultiInputEncoder(leaves, cnn_features, normalize)
+        self.obs_norm = self.extractor if len(self.extractor.norms) else None
+        return self.extractor.features, False
+
+    def preprocess(self, obs: Leaves) -> torch.Tensor:  # type: ignore[override]
+        return self.extractor(obs)
+
+    def update_obs_norm(self, obs: Leaves, ranks: Ranks = SOLO) -> None:  # type: ignore[override]
+        self.extractor.update(obs, ranks)
+
+    def acting_path(self) -> ActingPath:
+        raise ValueError("a Dict/Tuple-observation policy acts through its modules (it has no ActingPath)")
+
+    def actor_params_fast(self, obs) -> torch.Tensor:
+        return self.actor_params(obs)
+
+    def act_(
+        self,
+        obs,
+        noise,
+        act_out,
+        raw_out=None,
+        logp_out=None,
+        value_out=None,
+        *,
+        deterministic: bool = False,
+        mask=None,
+    ):
+        self.dist.act_(self.actor_params(obs), noise, act_out, raw_out, deterministic, mask)
+
+    def predict(
+        self,
+        obs,
+        deterministic: bool = True,
+        state: torch.Tensor | None = None,
+        mask: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """``ActorCritic.predict`` of a batch of composite observations: as gymnasium's
+        vector envs give them (nested dicts / tuples of batched arrays), or ``Leaves``."""
+        if self.recurrent and state is None:
+            raise ValueError("a recurrent policy predicts with its state: pass state=torch.zeros(n, policy.state_size)")
+        with torch.inference_mode():
+            dev = next(self.parameters()).device
+            o = obs if isinstance(obs, Leaves) else batch_leaves(self.obs_space, obs)
+            o = o.map(lambda x: torch.as_tensor(x, device=dev))
+            return self._predict(o, o.leaves[0].shape[0], deterministic, state, mask)
+
+
 def make_policy(
     obs_space,
     act_space,
@@ -413,8 +466,10 @@ def make_policy(
     core_size=128,
     action_masks=False,
 ) -> ActorCritic:
-    """The policy for these spaces (see the module docstring for the rules)."""
-    return ActorCritic(
+    """The policy for these spaces (see the module docstring for the rules): a
+    ``MultiInputActorCritic`` for a Dict or Tuple observation."""
+    kind = MultiInputActorCritic if isinstance(obs_space, (spaces.Dict, spaces.Tuple)) else ActorCritic
+    return kind(
         obs_space,
         act_space,
         hidden=hidden,

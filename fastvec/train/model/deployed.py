@@ -51,6 +51,8 @@ class DeployedPolicy(nn.Module):
                 "a policy trained with action masks is not exported (its actions need the env's mask): "
                 "use ActorCritic.predict(obs, mask=...)"
             )
+        if policy.kind == "multi":
+            raise ValueError("fastvec export does not export Dict/Tuple-observation policies yet (eval runs them)")
         self.deterministic = bool(deterministic)
         self.recurrent = bool(policy.recurrent)
         self.state_size = int(policy.acting_state)

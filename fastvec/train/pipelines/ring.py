@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config.settings import PPOConfig
+from ..model.observations import Leaves, leaf_arrays
 
 __all__ = ["RingSection", "ring_slots", "check_ring", "start_where_left"]
 
@@ -25,6 +26,11 @@ def check_ring(cfg: PPOConfig, storage) -> None:
         raise ValueError(
             f"pipeline=async needs fastvec's engine on this machine (its learner maps the ring), not {storage.kind!r}"
         )
+    if isinstance(storage.obs, Leaves):
+        raise ValueError(
+            "pipeline=async does not carry Dict/Tuple observations yet (its learner maps one observation "
+            "array); train them with pipeline=lockstep"
+        )
     want = ring_slots(cfg)
     if storage.obs.shape[0] != want:
         raise ValueError(
@@ -37,7 +43,8 @@ def start_where_left(last, nxt, T: int) -> None:
     """Storage ``nxt``'s slot 0 is storage ``last``'s slot T (the same one in lock-step,
     the ring's previous section in async): the observations, their action masks and (agents)
     which rows act."""
-    np.copyto(nxt.obs[0], last.obs[T])
+    for dst, src in zip(leaf_arrays(nxt.obs), leaf_arrays(last.obs)):
+        np.copyto(dst[0], src[T])
     if getattr(last, "action_mask", None) is not None:
         np.copyto(nxt.action_mask[0], last.action_mask[T])
     if getattr(last, "active", None) is not None:

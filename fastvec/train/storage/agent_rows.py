@@ -22,6 +22,7 @@ observation of the step before: its agents that were acting end truncated there 
 from __future__ import annotations
 
 import numpy as np
+from gymnasium import spaces
 
 from ...pettingzoo_copies import AgentRows, AgentSpec
 from .sources import EngineStorage
@@ -42,6 +43,11 @@ class AgentStorage(EngineStorage):
         super().__init__(engine)
 
     def _check_spaces(self, eng) -> None:
+        if isinstance(self.spec.observation_space, spaces.Dict | spaces.Tuple):
+            raise ValueError(
+                "agent rows do not carry Dict/Tuple observations yet: flatten each agent's observation "
+                "(supersuit.flatten_v0, or gymnasium.spaces.flatten in the env)"
+            )
         keys = set(getattr(eng.single_observation_space, "spaces", {}))
         if keys != {"obs", "reward", "terminated", "truncated", "active"}:
             raise ValueError(

@@ -3,8 +3,9 @@
 A population (``fastvec.train.algo.population``) trains K members on one engine: its
 ``K * N`` envs, member k's the rows ``k N .. (k + 1) N - 1`` of every ring array.
 ``MemberRows`` is the ``RolloutStorage`` protocol over those rows (numpy views, no copy:
-a step's observation rows of one member are contiguous in the ring), so each member's
-``PPO`` acts into them and learns from them as a run alone does from its engine.
+a step's observation rows of one member are contiguous in the ring; for a Dict/Tuple
+observation, ``Leaves`` of each leaf's rows, and the action mask's rows apart), so each
+member's ``PPO`` acts into them and learns from them as a run alone does from its engine.
 
 The engine is stepped and reset for all members at once, by the population: ``step``
 is not a member's to call, and ``reset`` records the member's seeds until every member
@@ -31,6 +32,7 @@ class MemberRows:
         base, n = envs.storage, envs.per_member
         self.envs, self.k = envs, k
         rows = slice(k * n, (k + 1) * n)
+        # (Leaves: every leaf's rows, views of its ring array)
         self.obs, self.final_obs, self.act = base.obs[:, rows], base.final_obs[:, rows], base.act[:, rows]
         self.rewards, self.terminated, self.truncated = (
             base.rewards[:, rows],

@@ -10,6 +10,7 @@ import torch
 from ..compute.pinned import alloc
 from ..model.actor_critic import ActorCritic
 from ..model.distributions import GaussianDist
+from ..model.observations import as_torch, empty_like_on
 
 __all__ = ["Rollout", "StepSlots"]
 
@@ -79,8 +80,8 @@ class Rollout:
         if device.type != "cpu" and copies is False:
             raise ValueError(f"zero copy needs the learner on the CPU, not {device}")
         self.copies = device.type != "cpu" if copies is None else bool(copies)
-        self.obs = torch.from_numpy(storage.obs)  # [T+1, N, *obs_shape]
-        self.final_obs = torch.from_numpy(storage.final_obs)
+        self.obs = as_torch(storage.obs)  # [T+1, N, *obs_shape] (``Leaves`` of them: a Dict/Tuple space)
+        self.final_obs = as_torch(storage.final_obs)
         self.act = torch.from_numpy(storage.act)  # [T+1, N, *act_shape], what the env gets
         self.rewards = torch.from_numpy(storage.rewards)
         self.terminated = torch.from_numpy(storage.terminated)
@@ -130,7 +131,7 @@ class Rollout:
         self.values_host = torch.from_numpy(self.values_np)
         self.next_values_host = torch.from_numpy(self.next_values_np)
         if self.copies:
-            self.obs_dev = torch.empty(self.obs.shape, dtype=self.obs.dtype, device=dev)
+            self.obs_dev = empty_like_on(self.obs, dev)
             act_dtype = torch.float32 if self.gaussian else torch.int64
             self.act_dev = torch.empty(self.act.shape, dtype=act_dtype, device=dev)
             self.values = torch.empty((T + 1, N), device=dev)
@@ -268,7 +269,7 @@ class Rollout:
 
     # what the learner trains on
     def batch_obs(self) -> torch.Tensor:
-        return self.obs_dev[: self.T].reshape(self.T * self.N, *self.obs.shape[2:])
+        return self.obs_dev[: self.T].flatten(0, 1)
 
     def batch_actions(self) -> torch.Tensor:
         """The rollout's actions, sample ``t * N + n`` in row ``t * N + n`` (a Gaussian's
