@@ -331,3 +331,84 @@ def test_a_stopped_or_killed_population_resumes_every_member(tmp_path, how):
         with open(os.path.join(r["run_dir"], "metrics.jsonl")) as f:
             steps = [json.loads(x)["env_steps"] for x in f]
         assert steps == sorted(steps) and len(set(steps)) == len(steps)  # continued, no step twice
+
+
+# ------------------------------------------------------------------ population-based training
+def test_pbt_copies_the_top_into_the_bottom_and_perturbs_within_bounds(tmp_path, monkeypatch):
+    from fastvec.train.config.members import PBT_KEYS
+    from fastvec.train.run.pbt import Pbt
+
+    checked = []
+    exploit = Pbt.exploit
+
+    def checking(self, runs):
+        row = exploit(self, runs)
+        by_label = {self.labels[k]: run for k, run in runs.items()}
+        for e in row["events"]:
+            dst, src = by_label[e["member"]].ppo, by_label[e["from"]].ppo
+            for k, v in dst.policy.state_dict().items():
+                assert torch.equal(v, src.policy.state_dict()[k]), k  # the weights and normaliser: the source's
+            assert torch.equal(dst.opt.m, src.opt.m) and dst.opt.t == src.opt.t
+            for key, (low, high) in PBT_KEYS.items():
+                was, now = getattr(src.cfg, key), getattr(dst.cfg, key)
+                assert now == e["after"][key] and low <= now <= high
+                if key == "gae_lambda":
+                    want = [min(max(1 - (1 - was) * f, low), high) for f in (0.8, 1.2)]
+                else:
+                    want = [min(max(was * f, low), high) for f in (0.8, 1.2)]
+                assert any(abs(now - w) < 1e-12 for w in want), (key, was, now)
+            ranked = list(row["returns"])  # (worst first)
+            means = [row["returns"][label] for label in ranked]
+            assert means == sorted(means)
+            q = len(ranked) // 4
+            assert ranked.index(e["member"]) < q and ranked.index(e["from"]) >= len(ranked) - q
+        checked.append(row)
+        return row
+
+    monkeypatch.setattr(Pbt, "exploit", checking)
+    cfg = _cfg("CartPole-v1", total_steps=4 * 16 * 12)
+    d = tmp_path / "pbt"
+    run_members("CartPole-v1", cfg, seeds=4, pbt_every=4 * 16 * 3, run_dir=str(d), progress=False, tensorboard=False)
+    assert len(checked) == 3 and all(len(r["events"]) == 1 for r in checked)  # steps 192, 384, 576: 4 // 4 copies
+    with open(d / "pbt.jsonl") as f:
+        rows = [json.loads(x) for x in f]
+    assert [r["env_steps"] for r in rows] == [192, 384, 576]
+    e = rows[-1]["events"][0]
+    member = load_checkpoint(str(d / e["member"] / "checkpoint.pt"))
+    assert member["config"]["lr"] == pytest.approx(e["after"]["lr"])  # its checkpoint keeps its settings
+
+
+def test_a_resumed_pbt_population_continues_its_lineage(tmp_path):
+    cfg = _cfg("CartPole-v1", total_steps=4 * 16 * 6)
+    d = str(tmp_path / "pbt")
+    run_members("CartPole-v1", cfg, seeds=4, pbt_every=4 * 16 * 2, run_dir=d, progress=False, tensorboard=False)
+
+    def longer(c):
+        c.total_steps = 4 * 16 * 12
+
+    run_members(run_dir=d, resume=True, changes=longer, progress=False, tensorboard=False)
+    with open(os.path.join(d, "pbt.jsonl")) as f:
+        rows = [json.loads(x) for x in f]
+    assert [r["env_steps"] for r in rows] == [128, 256, 384, 512, 640]
+    # every perturbation replayed from the population's generator, across the resume
+    from fastvec.train.config.members import perturbed
+
+    rng = np.random.default_rng(cfg.seed)
+    for row in rows:
+        for e in row["events"]:
+            rng.integers(1)  # (the source drawn from the top quarter: one of 4 members)
+            assert perturbed(e["source"], rng) == e["after"]
+        assert rng.bit_generator.state == row["rng_after"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--seeds", "3", "--pbt"], "--pbt needs 4 members or more"),
+        (["--seeds", "4", "--pbt", "--pbt-every", "0"], "--pbt-every must be a positive integer"),
+        (["--seeds", "4", "--pbt-every", "100"], "--pbt-every needs --pbt"),
+    ],
+)
+def test_pbt_refuses_bad_input_in_one_line(tmp_path, args, message):
+    p = _cli(["train", "CartPole-v1", "--no-progress", "--logdir", str(tmp_path / "p"), *args], tmp_path)
+    assert p.returncode == 2 and message in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

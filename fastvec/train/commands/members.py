@@ -162,11 +162,11 @@ def run_members(
     cfg = settle_mask_source(cfg, env_id, env_kwargs)  # (as a run alone records it)
     members = member_configs(cfg, plan["seeds"], plan["sweep"])
     states = [_member_state(m, run_dir, m.cfg) for m in members] if resume else [(None, False)] * len(members)
-    pbt = _pbt(plan["pbt_every"], members, states, run_dir, cfg)
     if not resume:
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, PLAN), "w") as f:
             json.dump({**{k: v for k, v in plan.items() if k != "cfg"}, "config": cfg.to_dict()}, f, indent=1)
+    pbt = _pbt(plan["pbt_every"], members, states, run_dir, cfg)
     monitors = _monitors(members, states, run_dir, tensorboard)
     warm_up_torch()
     t_start = time.perf_counter()
@@ -353,7 +353,8 @@ def members_call(args, build_config, apply_flags):
         count = len(member_configs(cfg, parse_seeds(args.seeds or 1, cfg.seed), parse_sweep(args.sweep or [])))
         if args.pbt_every is not None and not args.pbt:
             raise ValueError("--pbt-every needs --pbt")
-        pbt_every = (args.pbt_every or max(1, cfg.total_steps // 10)) if args.pbt else None
+        default_every = max(1, cfg.total_steps // 10)
+        pbt_every = (default_every if args.pbt_every is None else args.pbt_every) if args.pbt else None
         if pbt_every is not None:
             check_pbt(pbt_every, count)
         run_dir = args.logdir or default_run_dir(args.env_id, cfg.seed) + "-members"

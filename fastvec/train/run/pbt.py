@@ -9,7 +9,8 @@ then multiplies each of its ``PBT_KEYS`` settings by 0.8 or 1.2 within their bou
 episodes in progress and counters; its learning curve goes on in its own directory.
 
 The lineage is ``pbt.jsonl`` in the population's directory, one row per event: the env
-steps, each member's mean return, who copied whom with the settings before and after, and
+steps, each member's mean return, who copied whom (the source's settings, the member's
+before, and after its perturbation), and
 the state of the generator the draws come from (``numpy.random.default_rng`` of the
 population's seed). Each member's checkpoint holds its settings; a resume keeps the rows
 up to the steps its members resume from and draws on from the last one's generator, so a
@@ -80,12 +81,15 @@ class Pbt:
         for k in ranked[:q]:
             src = ranked[len(ranked) - q + int(self.rng.integers(q))]
             dst, before = runs[k].ppo, {key: getattr(runs[k].ppo.cfg, key) for key in PBT_KEYS}
+            source = {key: getattr(runs[src].ppo.cfg, key) for key in PBT_KEYS}
             copy_member(runs[src].ppo, dst, PBT_KEYS)
             after = perturbed({key: getattr(dst.cfg, key) for key in PBT_KEYS}, self.rng)
             for key, value in after.items():
                 setattr(dst.cfg, key, value)
             dst.updater.retune()
-            events.append({"member": self.labels[k], "from": self.labels[src], "before": before, "after": after})
+            events.append(
+                {"member": self.labels[k], "from": self.labels[src], "source": source, "before": before, "after": after}
+            )
         row = {
             "env_steps": steps,
             "returns": {self.labels[k]: means[k] for k in ranked},
