@@ -9,9 +9,9 @@ eval`` calls ``fastvec.train.commands.evaluate.evaluate``.
                   [--stop-at-return R] [--max-time 5m] [--device auto|cpu|cuda] [--logdir DIR]
                   [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
                   [--checkpoint-every N] [--backend engine|ray] [--ray-address ADDR] [--actors N]
-                  [--nproc N]
+                  [--nproc N] [--video-every N]
     fastvec train --resume RUN_DIR [--total-steps N] [--set safe_key=value ...]
-    fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic]
+    fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic] [--video DIR]
 
 Both print one JSON object as the last line of stdout and exit 0 on success. Bad input
 (unknown env id, bad ``--set`` key or value, a checkpoint from another env, a missing
@@ -128,6 +128,14 @@ def _file_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="env steps between checkpoints in the run directory (1e5 accepted; 0: only at the end; default 100000)",
     )
+    p.add_argument(
+        "--video-every",
+        type=float,
+        default=None,
+        metavar="N",
+        help="film one deterministic evaluation episode every N env steps into RUN_DIR/videos/ "
+        'in a low-priority process of its own (1e5 accepted; needs imageio-ffmpeg: pip install "fastvec[envs]")',
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard event files")
 
@@ -173,6 +181,12 @@ def _eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", default=None, help="check the checkpoint was trained on this env id")
     p.add_argument("--stochastic", action="store_true", help="sample actions instead of the mode")
     p.add_argument("--num-envs", type=int, default=None)
+    p.add_argument(
+        "--video",
+        default=None,
+        metavar="DIR",
+        help="film every episode into DIR as an MP4 (return and length in its name; videos.json lists them)",
+    )
     return p
 
 
@@ -231,10 +245,11 @@ def _apply_flags(cfg, args) -> None:
         "max_seconds": getattr(args, "max_time", None),
         "device": args.device,
     }
-    for name, value in (("total_steps", args.total_steps), ("checkpoint_every", args.checkpoint_every)):
+    steps = (("total_steps", args.total_steps), ("checkpoint_every", args.checkpoint_every))
+    for name, value in (*steps, ("video_every", args.video_every)):
         if value is None:
             continue
-        low = 1 if name == "total_steps" else 0
+        low = 0 if name == "checkpoint_every" else 1
         if not float(value).is_integer() or value < low:
             kind = "a positive" if low else "a non-negative"
             raise ConfigError(f"--{name.replace('_', '-')} must be {kind} integer, got {value:g}")
@@ -431,7 +446,10 @@ def _eval(argv) -> int:
     from ...errors import WorkerError
     from ..algo.checkpoints import load_checkpoint
     from .evaluate import evaluate
+    from .filming import headless_gl
 
+    if args.video is not None:
+        headless_gl()  # (before any env's renderer is made)
     try:
         ckpt = load_checkpoint(args.checkpoint)
     except ValueError as exc:
@@ -444,6 +462,7 @@ def _eval(argv) -> int:
             deterministic=not args.stochastic,
             env_id=args.env,
             num_envs=args.num_envs,
+            video_dir=args.video,
         )
     except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
         return _fail("eval", exc, 1)

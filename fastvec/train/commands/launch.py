@@ -16,6 +16,7 @@ import time
 
 from ..compute.ranks import check_world, launched_world, ranks_from_environment
 from ..config.settings import ConfigError, PPOConfig
+from .videos import VideoRecorder, video_folder
 
 __all__ = ["run_training", "build_storage", "check_backend", "main_spin_for"]
 
@@ -243,8 +244,8 @@ def run_training(
     """What ``fastvec train`` does: train PPO on ``env_id`` (or on ``venv``, a gymnasium
     ``VectorEnv`` with same-step autoreset or an SB3 ``VecEnv``, which the caller keeps
     and closes), logging into ``run_dir`` (TensorBoard events, ``metrics.jsonl``,
-    ``learning_curve.png``, ``checkpoint.pt``, ``checkpoints/``, ``result.json``; None:
-    no files), starting from the checkpoint ``init_from``. Returns ``train``'s result
+    ``learning_curve.png``, ``checkpoint.pt``, ``checkpoints/``, ``result.json``,
+    ``videos/`` with ``cfg.video_every``; None: no files), starting from the checkpoint ``init_from``. Returns ``train``'s result
     dict. See ``build_storage`` for ``backend``, ``ray_address`` and ``ray_actors``.
 
     ``resume``: a run directory (or ``(path, checkpoint)`` from
@@ -282,10 +283,13 @@ def run_training(
             raise ValueError(f"checkpoint was trained on {ckpt['env_id']}, not {env_id}")
     storage_args = dict(venv=venv, env_kwargs=env_kwargs, mix=mix, backend=backend)
     storage_args.update(ray_address=ray_address, ray_actors=ray_actors, pin=device.type == "cuda")
+    videos = None
     if launched_world() > 1 and int(os.environ.get("RANK", "0")):  # rank 0 writes the files and shows the progress
         run_dir, tensorboard, progress = None, False, False
+    else:
+        videos = video_folder(cfg, env_id, env_kwargs, run_dir, venv=venv, mix=mix)
     plan = _Start(env_id, cfg, run_dir, tensorboard, progress, save, resume_step, resumed, ckpt, stop, storage_args)
-    return _start(plan)
+    return _start(dataclasses.replace(plan, videos=videos))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,6 +307,7 @@ class _Start:
     init: dict | None  # the checkpoint a new run starts from (init_from)
     stop: object  # a callable asked at every safe point, or None
     storage_args: dict  # build_storage's keyword arguments
+    videos: str | None = None  # the folder --video-every films into (None: no videos)
 
 
 def _start(plan: _Start) -> dict:
@@ -343,6 +348,11 @@ def _start(plan: _Start) -> dict:
         ranks.close()
         raise
     env_kwargs, mix = storage_args["env_kwargs"], storage_args["mix"]
+    recorder = None
+    if plan.videos is not None:
+        recorder = VideoRecorder(
+            plan.videos, cfg.video_every, monitor, env_id=plan.env_id, env_kwargs=env_kwargs, seed=cfg.seed
+        )
     try:
         return train(
             cfg,
@@ -359,6 +369,7 @@ def _start(plan: _Start) -> dict:
             t_start=t_start,
             learner=learner,
             ranks=ranks,
+            videos=recorder,
         )
     finally:
         ranks.close()

@@ -10,6 +10,8 @@ A run directory holds:
   busy fraction, and NVML's utilisation on CUDA with nvidia-ml-py, ``fastvec.train.compute.busy``);
 - ``metrics.jsonl``: one JSON object per logging point (same scalars);
 - ``learning_curve.png``: mean episode return against env steps (matplotlib, Agg);
+- ``videos/``: with ``--video-every``, the videos and ``videos.json``
+  (``fastvec.train.commands.videos``);
 - ``checkpoint.pt``: written by the trainer (see ``fastvec.train.algo.checkpoints``).
 
 The TensorBoard writer is created (and ``torch.utils.tensorboard`` imported, ~1-2 s)
@@ -154,6 +156,15 @@ class Monitor:
     def text(self, tag: str, text: str) -> None:
         if self.writer is not None:
             self.writer.add_text(tag, text)
+
+    def video(self, step: int, path: str, ret: float, length: int) -> None:
+        """A video filmed at env step ``step`` (``--video-every``): its return and length as
+        TensorBoard scalars ``videos/return`` and ``videos/length``, its file as text
+        (not in ``metrics.jsonl``, whose rows go forward in steps)."""
+        if self.writer is not None:
+            self.writer.add_scalar("videos/return", ret, step)
+            self.writer.add_scalar("videos/length", length, step)
+            self.writer.add_text("videos/file", path, step)
 
     # ---------------------------------------------------------------- closing
     def plot(self, path: str | None = None, title: str = "", curve=None, threshold=None) -> str | None:
