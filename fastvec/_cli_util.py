@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -61,3 +63,21 @@ def add_env_kwargs(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE,...",
         help="the env's settings: gymnasium.make's keyword arguments, or an entry point's (MODULE:CALLABLE)",
     )
+
+
+def fail_line(cmd: str, exc: BaseException, code: int) -> int:
+    """``exc`` as ``fastvec CMD: error: ...`` on stderr, one line (with its type where
+    ``code`` is 1, a failure rather than bad input; the resume command where a checkpoint
+    was saved; the rank in a data-parallel run); returns ``code``. ``FASTVEC_DEBUG=1``
+    raises it instead, with its traceback."""
+    if os.environ.get("FASTVEC_DEBUG"):
+        raise exc
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "1") and not msg.startswith("rank "):
+        msg = f"rank {os.environ.get('RANK')}: {msg}"
+    if code == 1:
+        msg = f"{type(exc).__name__}: {msg}"
+        if getattr(exc, "resume_from", None):
+            msg += f" (checkpoint saved; continue with: fastvec train --resume {exc.resume_from})"
+    print(f"fastvec {cmd}: error: {msg}", file=sys.stderr)
+    return code

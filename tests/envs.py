@@ -477,3 +477,79 @@ class CostEnv(gym.Env):
             pass
         self.t += 1
         return np.array([float(self.t), float(action)]), 1.0, False, self.t >= self.episode_len, {}
+
+
+# --------------------------------------------------------------------------- masked
+class MaskedChoiceEnv(gym.Env):
+    """Discrete(6) actions under an action mask drawn at random every step (at least one
+    action valid). A valid action earns ``(action + 1) / 6`` (the highest valid one is
+    best, worth 1 where action 5 is valid); an invalid one ends the episode with -1. An
+    episode is ``length`` steps. The observation is the mask as floats, so the policy can
+    see it. ``source``: where the mask is given, ``info`` (``info["action_mask"]``,
+    ``int8``), ``method`` (an ``action_masks()`` method, bool) or ``both``; ``multi``: a
+    ``MultiDiscrete([3, 4])`` action space instead, one mask per branch (an action earns
+    the two branches' sums, every sub-action must be valid). ``bad``: make the mask wrong
+    (``shape``, ``dtype``, ``empty`` at step 3 of each episode, ``empty_first``). Its
+    ``rgb_array`` frame shows the current mask: a white 8 x 8 block per valid action,
+    black per invalid one."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(
+        self, source: str = "info", length: int = 10, multi: bool = False, bad: str = "", render_mode: str | None = None
+    ):
+        self.source, self.length, self.multi, self.bad = source, int(length), bool(multi), bad
+        self.render_mode = render_mode
+        self.nvec = [3, 4] if multi else [6]
+        self.action_space = spaces.MultiDiscrete(self.nvec) if multi else spaces.Discrete(6)
+        self.size = sum(self.nvec)
+        self.observation_space = spaces.Box(0.0, 1.0, (self.size,), np.float32)
+        self.mask = np.ones(self.size, bool)
+        self.t = 0
+        if source in ("method", "both"):  # (the info source's env has no such method)
+            self.action_masks = self._masks
+
+    def _draw(self) -> None:
+        parts = []
+        for n in self.nvec:
+            m = self.np_random.random(n) < 0.5
+            m[self.np_random.integers(n)] = True
+            parts.append(m)
+        self.mask = np.concatenate(parts)
+        if self.bad == "empty_first" or (self.bad == "empty" and self.t == 3):
+            self.mask[:] = False
+
+    def _masks(self) -> np.ndarray:
+        m = self.mask.copy()
+        if self.bad == "shape":
+            return m[:-1]
+        return m.astype(np.float32) if self.bad == "dtype" else m
+
+    def _out(self, info: dict):
+        if self.source in ("info", "both"):
+            info["action_mask"] = self._masks().astype(np.int8) if self.bad != "dtype" else self._masks()
+        return self.mask.astype(np.float32), info
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self._draw()
+        return self._out({})
+
+    def step(self, action):
+        a = np.atleast_1d(np.asarray(action)).astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum(self.nvec)[:-1]])
+        if not self.mask[offsets + a].all():
+            self._draw()
+            obs, info = self._out({"invalid": 1})
+            return obs, -1.0, True, False, info
+        self.t += 1
+        reward = float(((a + 1) / np.asarray(self.nvec)).sum())
+        self._draw()
+        obs, info = self._out({"invalid": 0})
+        return obs, reward, False, self.t >= self.length, info
+
+    def render(self):
+        if self.render_mode != "rgb_array":
+            return None
+        return np.repeat(np.repeat(self.mask.astype(np.uint8) * 255, 8)[None, :, None], 8, 0).repeat(3, 2)

@@ -204,3 +204,55 @@ def test_old_configs_load_without_the_key():
     old = PPOConfig().to_dict()
     del old["video_every"]  # a checkpoint written before the key
     assert PPOConfig.from_dict(old).video_every == 0
+
+
+MASKED = "envs:MaskedChoiceEnv"  # (tests/envs.py: an invalid action ends the episode at once, with -1)
+
+
+def test_a_masked_run_is_filmed_acting_among_the_valid_actions(tmp_path, capsys):
+    """Eval's videos, and the recorder's during training, play the masked policy: an
+    untrained policy without its masks picks an invalid action within a few steps, ending
+    the episode early; with them every episode runs its 10 steps. The first frame is the
+    mask of the env reset with the episode's seed."""
+    import envs
+
+    d = tmp_path / "run"
+    args = [MASKED, "--action-mask", "info", "--total-steps", "2048", "--video-every", "1000", "--logdir", str(d)]
+    assert cli_main("train", [*args, *SMALL]) == 0
+    capsys.readouterr()
+    during = json.load(open(d / "videos" / "videos.json"))["videos"]
+    assert [e["env_steps"] for e in during] == [1024] and during[0]["length"] == 10
+    out = tmp_path / "eval"
+    assert cli_main("eval", [str(d), "--episodes", "6", "--seed", "4", "--num-envs", "1", "--video", str(out)]) == 0
+    filmed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert cli_main("eval", [str(d), "--episodes", "6", "--seed", "4", "--num-envs", "1"]) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    index = json.load(open(out / "videos.json"))["videos"]
+    assert [e["length"] for e in index] == [10] * 6 and filmed["mean_return"] == plain["mean_return"]
+    assert all(e["return"] > 0 for e in index)  # (an invalid action would have cost -1)
+    first = frames(out / index[0]["file"])
+    assert len(first) == 11
+    env = envs.MaskedChoiceEnv()
+    env.reset(seed=4)  # (one env: the first episode is the reset with eval's seed)
+    assert (first[0][4, 4::8, :].mean(-1) > 128).tolist() == env.mask.tolist()
+
+
+def test_tracking_gets_the_runs_videos(tmp_path, monkeypatch):
+    """With ``--track wandb`` the tracker logs every video of ``RUN_DIR/videos`` at the
+    run's end, after the recorder has finished them (a stand-in ``wandb`` module)."""
+    from test_tracking import FakeWandb
+
+    for k in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # (no ~/.netrc: no key)
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake.module)
+    d = tmp_path / "run"
+    args = ["CartPole-v1", "--total-steps", "4096", "--video-every", "1000", "--logdir", str(d), "--track", "wandb"]
+    assert cli_main("train", [*args, *SMALL]) == 0
+    index = json.load(open(d / "videos" / "videos.json"))["videos"]
+    assert len(index) == 3
+    step, media = fake.logs[-1]
+    assert step == 4096 and media == {
+        f"videos/{e['file'][:-4]}": ("video", str(d / "videos" / e["file"])) for e in index
+    }

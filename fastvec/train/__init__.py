@@ -39,10 +39,12 @@ from .algo.ppo import PPO
 from .commands.evaluate import evaluate
 from .commands.export import export_policy
 from .commands.launch import run_training
+from .commands.members import run_members
 from .config.overrides import apply_overrides
 from .config.presets import env_factory, preset_for, solve_threshold
 from .config.settings import ConfigError, PPOConfig, TransportConfig
 from .pipelines.watch import LearnerError
+from .run.card import write_model_card
 from .run.loop import train
 from .run.monitor import Monitor
 from .run.stops import RestartLimitError
@@ -59,6 +61,7 @@ __all__ = [
     "train",
     "Monitor",
     "run_training",
+    "run_members",
     "LearnerError",
     "RestartLimitError",
     "PPO",
@@ -74,4 +77,5 @@ __all__ = [
     "policy_from_checkpoint",
     "evaluate",
     "export_policy",
+    "write_model_card",
 ]

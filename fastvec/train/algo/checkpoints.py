@@ -189,6 +189,7 @@ def policy_from_checkpoint(ckpt: dict) -> ActorCritic:
         normalize_obs=c["normalize_obs"],
         core=c.get("policy_core", "none"),
         core_size=c.get("core_size", 128),
+        action_masks=c.get("action_mask", "none") != "none",
     )
     pol.load_state_dict(upgrade_state_dict(ckpt["state_dict"], ckpt.get("format", CHECKPOINT_FORMAT)))
     pol.eval()

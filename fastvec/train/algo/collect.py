@@ -49,7 +49,7 @@ class Collector:
         self.threads.use(self.threads.act)
         views = rollout.steps_by_group()
         with torch.inference_mode():
-            self._draw_noise(rollout.noise)
+            self.draw_noise(rollout.noise)
             if rollout.memory:
                 t_act, t_env = self._recurrent(rollout)
             elif views is not None:
@@ -57,12 +57,16 @@ class Collector:
             else:
                 t_act, t_env = self._lockstep(rollout)
             rollout.last_obs_to_device()
+        self.count(t_act, t_env, rollout.T)
+
+    def count(self, t_act: float, t_env: float, T: int) -> None:
+        """A rollout of ``T`` steps took ``t_act`` seconds acting, ``t_env`` in the envs."""
         self.t_act += t_act
         self.t_env += t_env
-        self.last_env_latency = t_env / rollout.T
-        self.last_act_latency = t_act / rollout.T
+        self.last_env_latency = t_env / T
+        self.last_act_latency = t_act / T
 
-    def _draw_noise(self, noise: torch.Tensor) -> None:
+    def draw_noise(self, noise: torch.Tensor) -> None:
         """The rollout's sampling noise; with several ranks, this rank's envs' share of
         the whole run's draw (``fastvec.train.compute.ranks``: the same actions as on one rank)."""
         sample_noise, ranks = self.policy.dist.sample_noise, self.ranks
@@ -85,14 +89,16 @@ class Collector:
         perf = time.perf_counter
         t_act = t_env = 0.0
         for t, slots in enumerate(rollout.steps):
-            obs, obs_h, noise, act, act_h, raw, logp, val = slots
+            obs, obs_h, noise, act, act_h, raw, logp, val, mask, mask_h = slots
             t0 = perf()
             if hook is not None:
                 hook(t)
             if copies:
                 span = begin()
                 obs.copy_(obs_h, non_blocking=True)
-            policy_act(obs, noise, act, raw, logp, val)
+                if mask is not None:
+                    mask.copy_(mask_h, non_blocking=True)
+            policy_act(obs, noise, act, raw, logp, val, mask=mask)
             if copies:
                 end(span)
                 act_h.copy_(act)  # synchronous: the env needs it now
@@ -116,14 +122,16 @@ class Collector:
         rollout.begin_sequences(self.last)
         self.last = rollout
         for t, slots in enumerate(rollout.steps):
-            obs, obs_h, noise, a, act_h, raw, _logp, _value = slots
+            obs, obs_h, noise, a, act_h, raw, _logp, _value, mask, mask_h = slots
             t0 = perf()
             if hook is not None:
                 hook(t)
             if copies:
                 span = begin()
                 obs.copy_(obs_h, non_blocking=True)
-            act(obs, states[t], states[t + 1], noise, a, raw_out=raw, logp_out=logp[t])
+                if mask is not None:
+                    mask.copy_(mask_h, non_blocking=True)
+            act(obs, states[t], states[t + 1], noise, a, raw_out=raw, logp_out=logp[t], mask=mask)
             if copies:
                 end(span)
                 act_h.copy_(a)
@@ -155,11 +163,13 @@ class Collector:
                 if t:
                     recv(g, t)
                 t1 = perf()
-                obs, obs_h, noise, act, act_h, raw, logp, val = by_step[t]
+                obs, obs_h, noise, act, act_h, raw, logp, val, mask, mask_h = by_step[t]
                 if copies:
                     span = begin()
                     obs.copy_(obs_h, non_blocking=True)
-                policy_act(obs, noise, act, raw, logp, val)
+                    if mask is not None:
+                        mask.copy_(mask_h, non_blocking=True)
+                policy_act(obs, noise, act, raw, logp, val, mask=mask)
                 if copies:
                     end(span)
                     act_h.copy_(act)  # synchronous: the env needs it now

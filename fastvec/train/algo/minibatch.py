@@ -73,6 +73,8 @@ class NumpyLearner:
                 names = ", ".join(sorted(a.__name__ for a in acts))
                 return f"it knows tanh and relu activations (not {names})"
         dist = policy.dist
+        if dist.masked:
+            return "it does not take action masks"
         if isinstance(dist, CategoricalDist) and not (dist.k == 1 and not dist.has_mask and not dist.has_start):
             return "it knows Box and Discrete actions (starting at 0)"
         if not isinstance(dist, (CategoricalDist, GaussianDist)):

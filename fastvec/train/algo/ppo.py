@@ -103,6 +103,7 @@ class PPO:
             normalize_obs=cfg.normalize_obs,
             core=cfg.policy_core,
             core_size=cfg.core_size,
+            action_masks=cfg.action_mask != "none",
         )
         self.policy.to(device)
         self.flat_param, self.flat_grad = flatten_parameters(self.policy)
@@ -153,6 +154,11 @@ class PPO:
     def collect(self) -> None:
         """One rollout of T steps on every env; its episodes into the statistics."""
         self.collector.run(self.rollout)
+        self.count_rollout()
+
+    def count_rollout(self) -> None:
+        """A rollout collected into the storage (by ``collect``, or by a population for
+        all its members at once): its steps counted, its episodes into the statistics."""
         self.env_steps += self.T * self.N * self.ranks.world
         b, tr = self.storage, self.tracker
         n_before = tr.episodes

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -41,7 +42,32 @@ from ..storage.rollout import Rollout
 from .minibatch import AutogradMinibatch, NumpyLearner
 from .optim import FlatAdam, LRSchedule, mean_kl
 
-__all__ = ["Updater", "numpy_learner_for"]
+__all__ = ["Updater", "UpdateStart", "Learned", "numpy_learner_for", "update_summary"]
+
+
+class UpdateStart(NamedTuple):
+    """An update's inputs (``Updater.begin``): the per-sample columns ``data`` (the
+    observations first where they pack, ``D`` columns), the observations (None where
+    packed), the actions, the clip range and learning rate, the device's busy span."""
+
+    data: torch.Tensor
+    obs: torch.Tensor | None
+    acts: torch.Tensor
+    D: int
+    clip: float
+    lr: float
+    span: object
+
+
+class Learned(NamedTuple):
+    """What an update's epochs did: the statistics, epochs done, whether the KL stopped
+    them, the minibatches stepped, where the last epoch's KLs start in ``stats["kl"]``."""
+
+    stats: dict
+    epochs: int
+    stopped: bool
+    minibatches: int
+    kl_from: int
 
 
 def numpy_learner_for(cfg: PPOConfig, policy, flat_grad, device, learn_threads: int) -> NumpyLearner | None:
@@ -96,6 +122,15 @@ class Updater:
         """One update from ``rollout`` (its targets computed; ``adv_weights``: per-sample
         weights of the advantages, or None)."""
         t0 = time.perf_counter()
+        start = self.begin(rollout, adv_weights)
+        npl = self.np_learner
+        with npl.one_blas_thread() if npl is not None else contextlib.nullcontext():
+            done = Learned(*self._epochs(start.data, start.obs, start.acts, start.D, start.clip))
+        self.end(start, done, t0)
+
+    def begin(self, rollout: Rollout, adv_weights: torch.Tensor | None = None) -> UpdateStart:
+        """An update's start (``run``'s, or a population's for its members at once): the
+        rate and clip of this update set, the samples gathered."""
         span = self.busy.begin()
         cfg = self.cfg
         self.threads.use(self.threads.learn)
@@ -104,19 +139,20 @@ class Updater:
         clip = max(cfg.clip_coef * frac if cfg.anneal_clip else cfg.clip_coef, 1e-8)
         data, obs, acts, D = self._samples(rollout, adv_weights)
         self._rollout = rollout
-        npl = self.np_learner
-        with npl.one_blas_thread() if npl is not None else contextlib.nullcontext():
-            stats, epochs_done, stop, n_mb, kl_from = self._epochs(data, obs, acts, D, clip)
+        return UpdateStart(data, obs, acts, D, clip, lr, span)
+
+    def end(self, start: UpdateStart, done: Learned, t0: float) -> None:
+        """An update's end: counted, the adaptive rate moved, its statistics kept."""
         self.updates += 1
         if self.lr_schedule.adaptive:
-            self.lr_schedule.observe(mean_kl(stats["kl"][kl_from:]))
-        self.busy.end(span)
+            self.lr_schedule.observe(mean_kl(done.stats["kl"][done.kl_from :]))
+        self.busy.end(start.span)
         self.busy.synchronize()  # the update's queued device work counts in t_learn
         self.t_learn += time.perf_counter() - t0
-        mb = min(cfg.minibatch_size, self.batch * self.ranks.world) // self.ranks.world  # this rank's share
-        self.learn_samples += n_mb * mb
-        self.grad_steps += n_mb
-        self.last_stats = (stats, lr, clip, epochs_done, stop)
+        mb = min(self.cfg.minibatch_size, self.batch * self.ranks.world) // self.ranks.world  # this rank's share
+        self.learn_samples += done.minibatches * mb
+        self.grad_steps += done.minibatches
+        self.last_stats = (done.stats, start.lr, start.clip, done.epochs, done.stopped)
 
     def _advantages(self, rollout: Rollout, adv_weights, keep: torch.Tensor | None) -> torch.Tensor:
         """The batch's advantages, normalised over the samples learned from (``keep``;
@@ -333,30 +369,32 @@ class Updater:
 
     def summary(self, rollout: Rollout) -> dict:
         """Losses etc. of the last update (reads tensors: call at logging time only)."""
-        if self.last_stats is None:
-            return {}
-        stats, lr, clip, epochs_done, stop = self.last_stats
+        return {} if self.last_stats is None else update_summary(self.last_stats, rollout, self.policy.dist)
 
-        def mean(key):
-            xs = stats.get(key)
-            return float(np.mean([float(x) for x in xs])) if xs else None
 
-        ev = explained_variance(rollout)
-        out = {
-            "losses/policy": mean("pg"),
-            "losses/value": mean("v"),
-            "losses/entropy": mean("ent"),
-            "losses/approx_kl": mean("kl"),
-            "losses/clip_fraction": mean("cf"),
-            "losses/explained_variance": ev,
-            "losses/learning_rate": lr,
-            "losses/clip_coef": clip,
-            "losses/epochs": epochs_done,
-            "losses/kl_early_stop": int(stop),
-        }
-        if isinstance(self.policy.dist, GaussianDist):
-            out["losses/action_std"] = float(self.policy.dist.log_std.detach().exp().mean())
-        return out
+def update_summary(last_stats: tuple, rollout: Rollout, dist) -> dict:
+    """``Updater.summary`` of an update's ``(stats, lr, clip, epochs done, early stop)``."""
+    stats, lr, clip, epochs_done, stop = last_stats
+
+    def mean(key):
+        xs = stats.get(key)
+        return float(np.mean([float(x) for x in xs])) if xs else None
+
+    out = {
+        "losses/policy": mean("pg"),
+        "losses/value": mean("v"),
+        "losses/entropy": mean("ent"),
+        "losses/approx_kl": mean("kl"),
+        "losses/clip_fraction": mean("cf"),
+        "losses/explained_variance": explained_variance(rollout),
+        "losses/learning_rate": lr,
+        "losses/clip_coef": clip,
+        "losses/epochs": epochs_done,
+        "losses/kl_early_stop": int(stop),
+    }
+    if isinstance(dist, GaussianDist):
+        out["losses/action_std"] = float(dist.log_std.detach().exp().mean())
+    return out
 
 
 @torch.no_grad()

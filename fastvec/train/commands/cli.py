@@ -9,11 +9,13 @@ eval`` calls ``fastvec.train.commands.evaluate.evaluate``.
                   [--stop-at-return R] [--max-time 5m] [--device auto|cpu|cuda] [--logdir DIR]
                   [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
                   [--checkpoint-every N] [--backend engine|ray] [--ray-address ADDR] [--actors N]
-                  [--nproc N] [--video-every N]
+                  [--nproc N] [--action-mask none|auto|info|method] [--video-every N]
+                  [--track wandb [--track-option key=value ...]] [--seeds K] [--sweep KEY=V1,V2]
     fastvec train --resume RUN_DIR [--total-steps N] [--set safe_key=value ...]
     fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic] [--video DIR]
 
-Both print one JSON object as the last line of stdout and exit 0 on success. Bad input
+Both print one JSON object as the last line of stdout and exit 0 on success; ``fastvec
+train`` leaves a model card, ``RUN_DIR/README.md`` (``fastvec.train.run.card``). Bad input
 (unknown env id, bad ``--set`` key or value, a checkpoint from another env, a missing
 checkpoint, a resume that would change the run's config) gives a one-line ``fastvec
 train: error: ...`` on stderr and exit code 2; a failure while training (e.g. an env
@@ -33,8 +35,11 @@ import signal
 import sys
 
 from ..._cli_util import OneLineParser as _Parser
-from ..._cli_util import add_env_kwargs, duration
+from ..._cli_util import fail_line
 from .launch import build_storage, check_backend, main_spin_for, run_training
+from .members import add_member_flags, is_population, member_path, members_call
+from .outputs import model_card, track_settings
+from .train_flags import backend_flags, file_flags, run_flags
 
 __all__ = ["main", "build_config", "build_storage", "main_spin_for", "run_training"]
 
@@ -59,118 +64,11 @@ def _train_parser() -> argparse.ArgumentParser:
         help="gymnasium env id, e.g. CartPole-v1, ALE/Pong-v5, or your own: MODULE:ENV_ID, MODULE:CALLABLE "
         "(with --resume: the run's)",
     )
-    _run_flags(p)
-    _file_flags(p)
-    _backend_flags(p)
+    run_flags(p)
+    add_member_flags(p)
+    file_flags(p)
+    backend_flags(p)
     return p
-
-
-def _run_flags(p: argparse.ArgumentParser) -> None:
-    """What the run trains on and for how long, and its hyperparameters."""
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--num-envs", type=int, default=None)
-    p.add_argument(
-        "--mix",
-        action="append",
-        default=None,
-        metavar="GROUP",
-        help="a group of the run's envs (repeatable): [id=ENV_ID,][count=N,]setting=value,... with the "
-        "env's constructor settings, e.g. --mix frame_skip=5 --mix frame_skip=20 (ENV_ID's preset; "
-        "uncounted groups share the envs equally; a mix is placed on the workers by cost)",
-    )
-    add_env_kwargs(p)
-    p.add_argument("--num-workers", type=int, default=None)
-    p.add_argument("--total-steps", type=float, default=None, help="env steps (1e6 accepted)")
-    p.add_argument(
-        "--stop-at-return",
-        type=float,
-        default=None,
-        help="stop once the mean return of the last 20 episodes reaches this",
-    )
-    p.add_argument(
-        "--max-time",
-        type=duration,
-        default=None,
-        metavar="DURATION",
-        help="stop at the first safe point after this much wall time, e.g. 300, 90s, 5m, 1.5h "
-        "(the final checkpoint and result as at the end; the schedules do not change)",
-    )
-    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a hyperparameter (repeatable)",
-    )
-    p.add_argument("--zoo", action="store_true", help="use RL Zoo's hyperparameters where known (CartPole)")
-    p.add_argument("--list-keys", action="store_true", help="print the config for ENV_ID and exit")
-
-
-def _file_flags(p: argparse.ArgumentParser) -> None:
-    """Checkpoints to start from or continue, and what the run writes."""
-    p.add_argument("--logdir", default=None, help="run directory (default: runs/ENV-seedN-TIME)")
-    p.add_argument(
-        "--init-from", default=None, metavar="CHECKPOINT", help="start from the weights of a checkpoint of the same env"
-    )
-    p.add_argument(
-        "--resume",
-        default=None,
-        metavar="RUN_DIR",
-        help="continue the run in RUN_DIR from its newest checkpoint (same config; "
-        "--total-steps, --stop-at-return, --device and other safe keys may change)",
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        type=float,
-        default=None,
-        metavar="N",
-        help="env steps between checkpoints in the run directory (1e5 accepted; 0: only at the end; default 100000)",
-    )
-    p.add_argument(
-        "--video-every",
-        type=float,
-        default=None,
-        metavar="N",
-        help="film one deterministic evaluation episode every N env steps into RUN_DIR/videos/ "
-        'in a low-priority process of its own (1e5 accepted; needs imageio-ffmpeg: pip install "fastvec[envs]")',
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard event files")
-
-
-def _backend_flags(p: argparse.ArgumentParser) -> None:
-    """Where the envs run, and on how many learners."""
-    p.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        metavar="N",
-        help="data-parallel ranks on this machine, each with its share of num_envs and a replica of the "
-        "policy, gradients summed over them (gloo on the CPU, NCCL on one CUDA device each; default 1; "
-        "under torchrun: its WORLD_SIZE)",
-    )
-    p.add_argument(
-        "--backend",
-        choices=["engine", "ray"],
-        default="engine",
-        help="engine: envs on this machine (default); ray: envs in Ray actors over a "
-        'cluster (pip install "fastvec[ray]"), --num-workers then counts per actor',
-    )
-    p.add_argument(
-        "--ray-address",
-        default=None,
-        metavar="ADDR",
-        help="with --backend ray: the cluster to join (default: start a local Ray instance on 127.0.0.1)",
-    )
-    p.add_argument(
-        "--actors",
-        type=int,
-        default=None,
-        metavar="N",
-        help="with --backend ray: Ray actors hosting the envs (default: one per node)",
-    )
 
 
 def _eval_parser() -> argparse.ArgumentParser:
@@ -187,6 +85,7 @@ def _eval_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="film every episode into DIR as an MP4 (return and length in its name; videos.json lists them)",
     )
+    p.add_argument("--member", default=None, help="a population's member (fastvec train --seeds): index, label or best")
     return p
 
 
@@ -244,6 +143,7 @@ def _apply_flags(cfg, args) -> None:
         "stop_at_return": args.stop_at_return,
         "max_seconds": getattr(args, "max_time", None),
         "device": args.device,
+        "action_mask": getattr(args, "action_mask", None),
     }
     steps = (("total_steps", args.total_steps), ("checkpoint_every", args.checkpoint_every))
     for name, value in (*steps, ("video_every", args.video_every)):
@@ -273,14 +173,17 @@ def resume_config(ckpt: dict, args):
 
 def _train(argv) -> int:
     args = _train_parser().parse_args(argv)
+    args.argv = list(argv)
     from ..config.overrides import schedule_note
     from ..config.settings import ConfigError
 
+    if args.seeds is not None or args.sweep is not None or is_population(args.resume):
+        return _train_members(args)
     try:
         resume, cfg = _train_config(args)
         nproc = _nproc(args, cfg, resume)
     except (ConfigError, ValueError) as exc:
-        return _fail("train", exc, 2)
+        return fail_line("train", exc, 2)
     if args.list_keys:
         print(json.dumps(cfg.to_dict(), indent=1))
         return 0
@@ -306,8 +209,38 @@ def _train(argv) -> int:
             if init.get("env_id") not in (None, args.env_id):
                 raise ValueError(f"checkpoint {args.init_from} was trained on {init['env_id']}, not {args.env_id}")
         except ValueError as exc:
-            return _fail("train", exc, 2)
-    return _train_run(args, cfg, run_dir, init, resume)
+            return fail_line("train", exc, 2)
+    return _train_run(
+        lambda stop: run_training(
+            args.env_id,
+            cfg,
+            run_dir=run_dir,
+            progress=not args.no_progress,
+            tensorboard=not args.no_tensorboard,
+            init_from=init,
+            env_kwargs=args.env_kwargs,
+            mix=args.mix,
+            backend=args.backend,
+            ray_address=args.ray_address,
+            ray_actors=args.actors,
+            resume=resume,
+            stop=stop,
+            track=args.track,
+            track_options=args.track_settings,
+        ),
+        lambda result: model_card(args, cfg, result),
+    )
+
+
+def _train_members(args) -> int:
+    """``fastvec train --seeds/--sweep``, or ``--resume`` of a population."""
+    from ..config.settings import ConfigError
+
+    try:
+        call = members_call(args, build_config, lambda cfg: _apply_flags(cfg, args))
+    except (ConfigError, ValueError) as exc:
+        return fail_line("train", exc, 2)
+    return _train_run(call)
 
 
 def _nproc(args, cfg, resume) -> int:
@@ -367,6 +300,7 @@ def _train_config(args):
     if args.actors is not None and args.actors > cfg.num_envs:
         raise ValueError(f"--actors {args.actors} exceeds num_envs={cfg.num_envs}")
     check_backend(cfg, backend=args.backend)
+    args.track_settings = track_settings(args)
     if args.backend == "ray" and not args.list_keys:
         try:
             import ray  # noqa: F401
@@ -375,8 +309,9 @@ def _train_config(args):
     return resume, cfg
 
 
-def _train_run(args, cfg, run_dir: str, init, resume) -> int:
-    """The run, stopped at a safe point by Ctrl-C or SIGTERM; its JSON line and exit code."""
+def _train_run(call, card=None) -> int:
+    """``call(stop)``, the run (stopped at a safe point by Ctrl-C or SIGTERM): its JSON
+    line and exit code; ``card(result)`` writes its model card."""
     from ...errors import WorkerError
     from ..compute.ranks import OTHER_RANK_FAILED, RankError
     from ..config.settings import ConfigError
@@ -385,34 +320,22 @@ def _train_run(args, cfg, run_dir: str, init, resume) -> int:
     stop = StopOnSignal()
     try:
         with stop:
-            result = run_training(
-                args.env_id,
-                cfg,
-                run_dir=run_dir,
-                progress=not args.no_progress,
-                tensorboard=not args.no_tensorboard,
-                init_from=init,
-                env_kwargs=args.env_kwargs,
-                mix=args.mix,
-                backend=args.backend,
-                ray_address=args.ray_address,
-                ray_actors=args.actors,
-                resume=resume,
-                stop=stop,
-            )
+            result = call(stop)
     except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
-        return _fail("train", exc, 1)
+        return fail_line("train", exc, 1)
     except ConfigError as exc:
-        return _fail("train", exc, 2)
+        return fail_line("train", exc, 2)
     except RankError as exc:  # another rank failed first: the launcher names that one
-        _fail("train", exc, 1)
+        fail_line("train", exc, 1)
         return OTHER_RANK_FAILED
     except KeyboardInterrupt:
         print("fastvec train: interrupted", file=sys.stderr)
         return 128 + (stop.last or signal.SIGINT)
     except Exception as exc:  # env failures (WorkerError), spaces the policy cannot handle
-        return _fail("train", exc, 1)
+        return fail_line("train", exc, 1)
     if os.environ.get("RANK", "0") == "0":  # a data-parallel run's line is rank 0's
+        if card is not None:
+            card(result)
         print(json.dumps(result), flush=True)
     return 128 + stop.signum if result.get("interrupted") else 0
 
@@ -442,7 +365,7 @@ def _resume_target(args) -> tuple[str, dict]:
 def _eval(argv) -> int:
     args = _eval_parser().parse_args(argv)
     if args.episodes < 1:
-        return _fail("eval", ValueError(f"--episodes must be positive, got {args.episodes}"), 2)
+        return fail_line("eval", ValueError(f"--episodes must be positive, got {args.episodes}"), 2)
     from ...errors import WorkerError
     from ..algo.checkpoints import load_checkpoint
     from .evaluate import evaluate
@@ -451,9 +374,10 @@ def _eval(argv) -> int:
     if args.video is not None:
         headless_gl()  # (before any env's renderer is made)
     try:
-        ckpt = load_checkpoint(args.checkpoint)
+        path, member = member_path(args.checkpoint, args.member)
+        ckpt = load_checkpoint(path)
     except ValueError as exc:
-        return _fail("eval", exc, 2)
+        return fail_line("eval", exc, 2)
     try:
         result = evaluate(
             ckpt,
@@ -465,27 +389,13 @@ def _eval(argv) -> int:
             video_dir=args.video,
         )
     except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
-        return _fail("eval", exc, 1)
+        return fail_line("eval", exc, 1)
     except ValueError as exc:
-        return _fail("eval", exc, 2)
+        return fail_line("eval", exc, 2)
     except Exception as exc:
-        return _fail("eval", exc, 1)
-    print(json.dumps(result))
+        return fail_line("eval", exc, 1)
+    print(json.dumps(result if member is None else {"member": member, **result}))
     return 0
-
-
-def _fail(cmd: str, exc: BaseException, code: int) -> int:
-    if os.environ.get("FASTVEC_DEBUG"):
-        raise exc
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if os.environ.get("WORLD_SIZE", "1") not in ("", "1") and not msg.startswith("rank "):
-        msg = f"rank {os.environ.get('RANK')}: {msg}"
-    if code == 1:
-        msg = f"{type(exc).__name__}: {msg}"
-        if getattr(exc, "resume_from", None):
-            msg += f" (checkpoint saved; continue with: fastvec train --resume {exc.resume_from})"
-    print(f"fastvec {cmd}: error: {msg}", file=sys.stderr)
-    return code
 
 
 def main(name: str, argv: list[str]) -> int:

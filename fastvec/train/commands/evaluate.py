@@ -36,7 +36,9 @@ def evaluate(
     A run on a mix of envs (``fastvec.train.config.mix``) is evaluated on envs drawn evenly from
     its groups (at least one per group), each group's mean return reported beside.
     A run on a PettingZoo env is evaluated on copies of it in ``fastvec.AgentVectorEnv``
-    (``num_envs`` copies, one worker): an episode is one agent's.
+    (``num_envs`` copies, one worker): an episode is one agent's. A run with action masks
+    (its config's ``action_mask``) acts among the actions each step's mask allows, read
+    from the same source as in training (``fastvec.action_masks``).
 
     ``video_dir``: film every episode counted into an MP4 file there
     (``episode-003-return-212.5-len-500.mp4``; ``video_prefix`` in place of
@@ -54,7 +56,8 @@ def evaluate(
     if video_dir is not None:
         reel = Reel(venv, video_dir, video_prefix, seed=seed, env_steps=ckpt.get("env_steps"))
     try:
-        check_spaces(ckpt, venv.single_observation_space, venv.single_action_space, env_id)
+        obs_space = venv.single_observation_space
+        check_spaces(ckpt, obs_space[0] if _masked(ckpt) else obs_space, venv.single_action_space, env_id)
         torch.set_num_threads(1)
         pol = policy_from_checkpoint(ckpt)
         returns, lengths, groups, wall = _episodes(venv, pol, group, episodes, seed, deterministic, reel=reel)
@@ -128,6 +131,10 @@ def _envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None, video_di
     return [fn] * n, np.zeros(n, np.int64)
 
 
+def _masked(ckpt: dict) -> bool:
+    return (ckpt.get("config") or {}).get("action_mask", "none") != "none"
+
+
 def _eval_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None, video_dir: str | None = None):
     """The vector env to evaluate on (in this process; a PettingZoo env's copies in a
     worker) and each env's group; with ``video_dir``, its envs filmed."""
@@ -137,7 +144,12 @@ def _eval_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None, vid
 
     if is_pettingzoo(env_id):
         return _agent_envs(ckpt, env_id, episodes, num_envs)
+    from ...action_masks import check_action_mask, masked_factory
+
     fns, group = _envs(ckpt, env_id, episodes, num_envs, video_dir)
+    if _masked(ckpt):  # the source training read (checked on one env first)
+        source = check_action_mask(fns[0], ckpt["config"]["action_mask"])
+        fns = [masked_factory(fn, source) for fn in fns]
     mode = "different" if ckpt.get("mix") else "same"
     return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, observation_mode=mode), group
 
@@ -172,7 +184,8 @@ def _episodes(venv, pol, group, episodes: int, seed: int, deterministic: bool, *
     state = torch.zeros(n, pol.state_size) if pol.recurrent else None  # a recurrent policy's memory
     t0 = time.perf_counter()
     while (counts < targets).any():
-        act = pol.predict(obs, deterministic=deterministic, state=state)
+        obs, mask = obs if pol.masked else (obs, None)  # (a masked env's observation is (obs, mask))
+        act = pol.predict(obs, deterministic=deterministic, state=state, mask=mask)
         if isinstance(venv.single_action_space, gym.spaces.Box):
             act = act.astype(venv.single_action_space.dtype)
         acting = getattr(venv, "active", True)  # (agents: the rows whose action counts)

@@ -143,11 +143,12 @@ class Film(gym.Wrapper):
 
 
 class Reel:
-    """The filmed episodes of a vector env's ``Film`` envs (``venv.envs``): each ended
-    episode named and listed (``ended(i, ..., counted=True)``) or deleted."""
+    """The filmed episodes of a vector env's ``Film`` envs (``venv.envs``, or a wrapper's
+    around each, as ``fastvec.action_masks``'): each ended episode named and listed
+    (``ended(i, ..., counted=True)``) or deleted."""
 
     def __init__(self, venv, folder: str, prefix: str | None = None, **extra):
-        self.films: list[Film] = list(venv.envs)
+        self.films: list[Film] = [_film_in(env) for env in venv.envs]
         self.folder, self.prefix, self.extra = folder, prefix, extra
         self.entries: list[dict] = []
 
@@ -167,6 +168,15 @@ class Reel:
         """List the episodes kept in the folder's ``videos.json``."""
         if self.entries:
             add_to_index(self.folder, self.entries)
+
+
+def _film_in(env: gym.Env) -> Film:
+    """The ``Film`` among ``env``'s wrappers (``env`` itself, or one it wraps)."""
+    while not isinstance(env, Film):
+        if not isinstance(env, gym.Wrapper):
+            raise ValueError(f"{env} is not filmed")
+        env = env.env
+    return env
 
 
 def add_to_index(folder: str, entries: list[dict]) -> None:

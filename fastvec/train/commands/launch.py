@@ -68,7 +68,7 @@ def build_storage(
     from ..config.mix import mix_factories
     from ..config.presets import env_factory
     from ..pipelines.ring import ring_slots
-    from ..storage.sources import RayEngineStorage, storage_for
+    from ..storage.sources import EngineStorage, RayEngineStorage, storage_for
 
     check_backend(cfg, venv=venv, backend=backend)
     slots, tr = ring_slots(cfg), cfg.transport
@@ -77,6 +77,7 @@ def build_storage(
             f"env_groups={tr.env_groups} needs the engine backend: "
             f"{'a vector env of your own' if venv is not None else 'Ray'} steps every env in lock-step"
         )
+    check_masks_serve(cfg, env_id, venv=venv, mix=mix)
     if venv is not None:
         return storage_for(venv, slots, pin=pin)
     if is_pettingzoo(env_id):
@@ -84,6 +85,7 @@ def build_storage(
     fns = mix_factories(mix) if mix is not None else [env_factory(env_id, env_kwargs)] * cfg.num_envs
     if len(fns) != cfg.num_envs:
         raise ConfigError(f"the mix holds {len(fns)} envs, but num_envs={cfg.num_envs}")
+    fns, masked = _masked(cfg, fns)
     if ranks is not None and not ranks.solo:
         fns = fns[ranks.share(cfg.num_envs)]
     if backend == "ray":
@@ -100,8 +102,55 @@ def build_storage(
             restart_on_error=cfg.restart_on_error,
             step_timeout=cfg.step_timeout,
         )
-        return RayEngineStorage(engine)
-    return _engine_storage(cfg, fns, mix, slots, 1 if ranks is None else ranks.local_world)
+        return RayEngineStorage(engine, masked=masked)
+    storage = None if not masked else (lambda engine: EngineStorage(engine, groups=tr.env_groups, masked=True))
+    return _engine_storage(cfg, fns, mix, slots, 1 if ranks is None else ranks.local_world, storage)
+
+
+def check_masks_serve(cfg, env_id, *, venv=None, mix=None) -> None:
+    """ConfigError (one line) where ``cfg.action_mask`` asks for masks the run cannot
+    read: from a vector env of your own, or a PettingZoo env's agents."""
+    from ...env_ids import is_pettingzoo
+
+    if cfg.action_mask == "none":
+        return
+    if venv is not None:
+        raise ConfigError(
+            f"action_mask={cfg.action_mask} needs an env id (fastvec builds the envs and reads their masks), "
+            f"not a vector env of your own ({type(venv).__name__})"
+        )
+    if is_pettingzoo(env_id):
+        raise ConfigError(f"action_mask={cfg.action_mask} does not serve PettingZoo envs' agents")
+
+
+def settle_mask_source(cfg, env_id, env_kwargs=None, mix=None):
+    """``cfg`` with its ``action_mask`` source checked on one env built here, before any
+    worker starts (``fastvec.action_masks.check_action_mask``, its ValueError a
+    ConfigError; ``auto`` settled to ``info`` or ``method``, which checkpoints record)."""
+    from ...action_masks import check_action_mask
+    from ..config.mix import mix_factories
+    from ..config.presets import env_factory
+
+    if cfg.action_mask == "none":
+        return cfg
+    fn = mix_factories(mix)[0] if mix is not None else env_factory(env_id, env_kwargs)
+    try:
+        source = check_action_mask(fn, cfg.action_mask, seed=cfg.seed)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return dataclasses.replace(cfg, action_mask=source)
+
+
+def _masked(cfg, fns: list) -> tuple[list, bool]:
+    """The env factories with their masks read (``cfg.action_mask``), and whether they are."""
+    from ...action_masks import check_action_mask, masked_factory
+
+    source = cfg.action_mask
+    if source == "none":
+        return fns, False
+    if source == "auto":
+        source = check_action_mask(fns[0], source, seed=cfg.seed)
+    return [masked_factory(fn, source) for fn in fns], True
 
 
 def _agent_storage(cfg, env_id: str, env_kwargs, slots: int):
@@ -240,13 +289,15 @@ def run_training(
     ray_actors: int | None = None,
     resume: str | tuple | None = None,
     stop=None,
+    track: str | None = None,
+    track_options: dict | None = None,
 ) -> dict:
     """What ``fastvec train`` does: train PPO on ``env_id`` (or on ``venv``, a gymnasium
     ``VectorEnv`` with same-step autoreset or an SB3 ``VecEnv``, which the caller keeps
     and closes), logging into ``run_dir`` (TensorBoard events, ``metrics.jsonl``,
     ``learning_curve.png``, ``checkpoint.pt``, ``checkpoints/``, ``result.json``,
-    ``videos/`` with ``cfg.video_every``; None: no files), starting from the checkpoint ``init_from``. Returns ``train``'s result
-    dict. See ``build_storage`` for ``backend``, ``ray_address`` and ``ray_actors``.
+    ``videos/`` with ``cfg.video_every``; None: no files), starting from the checkpoint
+    ``init_from``. Returns ``train``'s result dict. See ``build_storage`` for ``backend``, ``ray_address`` and ``ray_actors``.
 
     ``resume``: a run directory (or ``(path, checkpoint)`` from
     ``checkpoints.resume_checkpoint``) to continue in place from its newest checkpoint;
@@ -254,15 +305,21 @@ def run_training(
     ``SAFE_ON_RESUME`` keys only. ``stop``: a callable the loop asks at every safe point
     (True: checkpoint and return, ``result["interrupted"]``). ``mix``: groups of envs
     (``fastvec.train.config.mix``: ``"key=value,..."`` texts or ``{"env_id", "env_kwargs",
-    "count"}`` dicts) the ``cfg.num_envs`` envs are made of, instead of ``env_kwargs``."""
+    "count"}`` dicts) the ``cfg.num_envs`` envs are made of, instead of ``env_kwargs``.
+    ``track``: a tracker besides TensorBoard (``"wandb"``), with ``track_options``
+    (``fastvec.train.run.tracking``); it needs a ``run_dir``."""
     from ..algo.checkpoints import load_checkpoint
     from ..compute.torch_state import resolve_device
+    from ..run.tracking import check_tracking
 
+    track_options = check_tracking(track, track_options)  # (before anything starts)
     resume_step, resumed = None, None
     if resume is not None:
         resumed, env_id, kept_kwargs, mix, config, run_dir = _resumed(resume, env_id, config, run_dir, init_from, mix)
         env_kwargs = kept_kwargs if env_kwargs is None else env_kwargs
         resume_step = int(resumed["train_state"]["env_steps"])
+    if track is not None and not run_dir:
+        raise ValueError(f"track={track!r} needs a run_dir to keep the tracker's files in")
     cfg = (config or PPOConfig()).validate()
     device = resolve_device(cfg.device)
     env_kwargs, mix = _check_envs(
@@ -276,6 +333,8 @@ def run_training(
         ray_actors=ray_actors,
     )
     check_world(cfg, launched_world(), venv=venv, backend=backend, mix=mix, resume=resumed)
+    check_masks_serve(cfg, env_id, venv=venv, mix=mix)
+    cfg = settle_mask_source(cfg, env_id, env_kwargs, mix)
     ckpt = None
     if init_from is not None:
         ckpt = load_checkpoint(init_from) if isinstance(init_from, str) else init_from
@@ -283,13 +342,17 @@ def run_training(
             raise ValueError(f"checkpoint was trained on {ckpt['env_id']}, not {env_id}")
     storage_args = dict(venv=venv, env_kwargs=env_kwargs, mix=mix, backend=backend)
     storage_args.update(ray_address=ray_address, ray_actors=ray_actors, pin=device.type == "cuda")
-    videos = None
-    if launched_world() > 1 and int(os.environ.get("RANK", "0")):  # rank 0 writes the files and shows the progress
-        run_dir, tensorboard, progress = None, False, False
-    else:
-        videos = video_folder(cfg, env_id, env_kwargs, run_dir, venv=venv, mix=mix)
+    videos = video_folder(cfg, env_id, env_kwargs, run_dir, venv=venv, mix=mix) if _writes_files() else None
+    if not _writes_files():  # rank 0 writes the files, films and shows the progress
+        run_dir, tensorboard, progress, track = None, False, False, None
     plan = _Start(env_id, cfg, run_dir, tensorboard, progress, save, resume_step, resumed, ckpt, stop, storage_args)
-    return _start(dataclasses.replace(plan, videos=videos))
+    plan = dataclasses.replace(plan, videos=videos, track=None if track is None else (track, track_options))
+    return _start(plan)
+
+
+def _writes_files() -> bool:
+    """Whether this process writes the run's files: a run alone, or a data-parallel run's rank 0."""
+    return launched_world() == 1 or not int(os.environ.get("RANK", "0"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,6 +371,26 @@ class _Start:
     stop: object  # a callable asked at every safe point, or None
     storage_args: dict  # build_storage's keyword arguments
     videos: str | None = None  # the folder --video-every films into (None: no videos)
+    track: tuple | None = None  # (tracker, its options), or None
+
+
+def _monitor(plan: _Start):
+    """The run's monitor, with the tracker ``plan.track`` names among its sinks."""
+    from ..run.monitor import Monitor
+    from ..run.tracking import open_tracker
+
+    monitor = Monitor(plan.run_dir or None, tensorboard=plan.tensorboard, resume_step=plan.resume_step)
+    if plan.track is None:
+        return monitor
+    try:
+        sa = plan.storage_args
+        config = {"env_id": plan.env_id, "env_kwargs": sa["env_kwargs"], "mix": sa["mix"], "backend": sa["backend"]}
+        config.update(plan.cfg.to_dict())
+        monitor.sinks.append(open_tracker(plan.track[0], plan.run_dir, config, plan.track[1], plan.resume is not None))
+    except BaseException:
+        monitor.close()
+        raise
+    return monitor
 
 
 def _start(plan: _Start) -> dict:
@@ -320,7 +403,6 @@ def _start(plan: _Start) -> dict:
     from ..compute.torch_state import resolve_device, warm_up_torch
     from ..pipelines.watch import LearnerProcess
     from ..run.loop import train
-    from ..run.monitor import Monitor
 
     cfg, storage_args = plan.cfg, plan.storage_args
     learner = LearnerProcess() if cfg.pipeline == "async" else None  # its interpreter starts while the envs do
@@ -328,7 +410,7 @@ def _start(plan: _Start) -> dict:
     try:
         # (async: this process acts on the CPU, its learner process has the device)
         ranks = ranks_from_environment(torch.device("cpu") if learner is not None else resolve_device(cfg.device))
-        monitor = Monitor(plan.run_dir or None, tensorboard=plan.tensorboard, resume_step=plan.resume_step)
+        monitor = _monitor(plan)
     except BaseException:
         if learner is not None:
             learner.close()

@@ -12,6 +12,7 @@ __all__ = [
     "ConfigError",
     "ACTIVATION_NAMES",
     "CORES",
+    "ACTION_MASKS",
     "LR_SCHEDULES",
     "PIPELINES",
     "TARGETS",
@@ -30,6 +31,7 @@ PROXIMAL = ("acting", "learner")
 # What the model builds (``fastvec.train.model``): its encoders' activations, its cores.
 ACTIVATION_NAMES = ("tanh", "relu", "elu", "gelu", "silu")
 CORES = ("none", "lstm", "gru")
+ACTION_MASKS = ("none", "auto", "info", "method")  # fastvec.action_masks.MASK_SOURCES
 
 
 class ConfigError(ValueError):
@@ -63,6 +65,10 @@ def check_pipeline(cfg) -> None:
         raise ConfigError(
             f"rollout_buffers must be an integer of at least 2 (one rollout fills while the learner reads another), got {v!r}"
         )
+    if cfg.action_mask not in ACTION_MASKS:
+        raise ConfigError(f"action_mask must be one of {', '.join(ACTION_MASKS)}, got {cfg.action_mask!r}")
+    if cfg.action_mask != "none" and cfg.pipeline == "async":
+        raise ConfigError("action masks need pipeline=lockstep (the async learner does not read them)")
     if cfg.targets not in TARGETS:
         raise ConfigError(f"targets must be one of {', '.join(TARGETS)}, got {cfg.targets!r}")
     if cfg.targets == "vtrace" and cfg.pipeline != "async":

@@ -3,13 +3,15 @@
 Env ``i`` of a run (its index in the whole run: across ranks, the groups of a mix, the
 copies of a PettingZoo env) is reset with a 32-bit seed drawn from
 ``numpy.random.SeedSequence(entropy=seed, spawn_key=(member, i))``: the ``"spawned"``
-scheme. ``member`` is 0 for a run alone; a population trained in one process would
-give member k the key ``(k, i)``, so no two members' envs share a stream. A resumed run
+scheme. ``member`` is 0 for a run alone, and for each member of a population
+(``fastvec train --seeds``): a member is its run alone, and the members' seeds differ,
+so no two share a stream (the members of a sweep with one seed share that seed's
+streams, as two runs alone with it would: a paired comparison). A resumed run
 needs new episodes: after ``env_steps`` steps it resets env ``i`` from
 ``spawn_key=(member, i, env_steps)``, a stream of its own (the same for every resume
 from the same checkpoint). A start's keys and a resume's differ in length, so their
 streams are apart (for seeds below 2**128, which numpy pads to its four-word pool before
-it appends the key). A member's 0 makes a run alone the same as member 0 of a population.
+it appends the key). Another ``member`` gives a seed a second set of streams.
 
 The ``"offset"`` scheme is the one before: env ``i`` gets ``seed + i``, and
 ``seed + env_steps + i`` on a resume. Its streams overlap between runs (seeds 1 and 2
@@ -57,7 +59,7 @@ def env_seeds(
 ) -> list[int]:
     """The reset seeds of the run's envs ``first .. first + count - 1`` under ``scheme``
     (see the module's docstring): a fresh start, or (``env_steps``) a resume after that
-    many env steps. ``member``: which member of a population (0: a run alone)."""
+    many env steps. ``member``: another set of streams for the same seed (0: the run's own)."""
     seed, first, count = _count("seed", seed), _count("first env", first), _count("env count", count)
     member = _count("member", member)
     steps = None if env_steps is None else _count("env_steps", env_steps)

@@ -239,6 +239,10 @@ class PPOConfig:
     the MLP's actor and critic each get one, the CNN's shared body one)."""
     core_size: int = 128
     """Units of the recurrent core (policy_core lstm or gru)."""
+    action_mask: str = "none"
+    """Where the env's action masks come from (``fastvec.action_masks``): none, info
+    (``info["action_mask"]``), method (the env's ``action_masks()``) or auto (whichever it
+    gives, settled at the start); masked actions are never sampled."""
     bptt: int | None = None
     """With a recurrent core: the steps of the sequences PPO's epochs replay (truncated
     backpropagation through time), each env's rollout cut into ``n_steps / bptt`` of them,

@@ -70,7 +70,8 @@ class NumpyActor:
     high: np.ndarray | None = None
     bounded: bool = False
 
-    def act(self, obs: torch.Tensor, noise: torch.Tensor, act_out: torch.Tensor, raw_out) -> None:
+    def act(self, obs: torch.Tensor, noise: torch.Tensor, act_out: torch.Tensor, raw_out, mask=None) -> None:
+        """``mask``: ``[n, actions]`` bool (a categorical's valid actions), or None."""
         n = obs.shape[0]
         x = obs.numpy().reshape(n, self.obs_dim)
         if self.norm is not None:  # in place where it can be: each numpy call costs a few us here
@@ -99,6 +100,8 @@ class NumpyActor:
                 np.minimum(out, self.high, out=out)
                 np.maximum(out, self.low, out=out)
         else:  # Gumbel-max, as CategoricalDist.act_
+            if mask is not None:
+                np.copyto(params, -np.inf, where=~mask.numpy())
             params += noise.numpy().reshape(n, -1)
             act_out.numpy().reshape(n)[...] = params.argmax(-1)
 
@@ -136,15 +139,16 @@ class ActingPath:
         w, b = layers[-1]
         return F.linear(x, w, b)
 
-    def act(self, obs, noise, act_out, raw_out=None, deterministic: bool = False) -> None:
+    def act(self, obs, noise, act_out, raw_out=None, deterministic: bool = False, mask=None) -> None:
         """Sample actions for ``obs`` into ``act_out`` (and the Gaussian's raw sample into
         ``raw_out``), with ``noise`` from ``dist.sample_noise`` (call under
-        ``torch.inference_mode()``). Numpy where it applies and the tensors are on the CPU."""
+        ``torch.inference_mode()``), among the actions ``mask`` allows (None: all). Numpy
+        where it applies and the tensors are on the CPU."""
         np_actor = self.numpy
         if np_actor is not None and not deterministic and obs.device.type == "cpu" and act_out.device.type == "cpu":
-            np_actor.act(obs, noise, act_out, raw_out)
+            np_actor.act(obs, noise, act_out, raw_out, mask)
         else:
-            self.dist.act_(self.params(obs), noise, act_out, raw_out, deterministic)
+            self.dist.act_(self.params(obs), noise, act_out, raw_out, deterministic, mask)
 
 
 def build_acting_path(

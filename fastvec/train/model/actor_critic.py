@@ -7,7 +7,9 @@ an LSTM or GRU: ``policy_core``) and the **heads** (a linear layer to the action
   ``Discrete`` one-hot, ``MultiBinary``/``MultiDiscrete`` as numbers); the Nature CNN for
   images (a ``uint8`` ``Box`` of shape ``[C, H, W]``, e.g. 4 stacked 84x84 Atari frames).
 - Actions: a categorical head for ``Discrete``, ``MultiDiscrete`` and ``MultiBinary``; a
-  diagonal Gaussian with a state-independent log std for ``Box``.
+  diagonal Gaussian with a state-independent log std for ``Box``. ``action_masks``: the
+  categorical takes action masks (``masked``): every acting call is given the step's mask,
+  and ``predict`` needs one.
 
 The MLP policy has two bodies (encoder and core), the actor's and the critic's (as SB3's
 default ``MlpPolicy``), of the sizes ``hidden`` (both) or ``hidden`` and
@@ -130,12 +132,14 @@ class ActorCritic(nn.Module):
         cnn_features: int = 512,
         core: str = "none",
         core_size: int = 128,
+        action_masks: bool = False,
     ):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.obs_space, self.act_space = obs_space, act_space
-        self.dist = make_dist(act_space, log_std_init)
+        self.dist = make_dist(act_space, log_std_init, masked=action_masks)
+        self.masked = bool(action_masks)
         self.image = is_image_space(obs_space)
         self.kind = "cnn" if self.image else "mlp"
         self.obs_norm = None
@@ -269,20 +273,30 @@ class ActorCritic(nn.Module):
         return self.critic_head(y).squeeze(-1)
 
     def act_recurrent(
-        self, obs, state, state_out, noise, act_out, *, raw_out=None, logp_out=None, deterministic: bool = False
+        self,
+        obs,
+        state,
+        state_out,
+        noise,
+        act_out,
+        *,
+        raw_out=None,
+        logp_out=None,
+        deterministic: bool = False,
+        mask=None,
     ):
         """One acting step of a recurrent policy (under ``torch.inference_mode()``): the
         actor's core fed ``state`` (rows of ``state_size``) writes the state it leaves
-        into ``state_out``'s actor columns; actions into ``act_out`` as ``act_``, their
-        log-probs into ``logp_out`` where given."""
+        into ``state_out``'s actor columns; actions into ``act_out`` as ``act_`` (among
+        those ``mask`` allows), their log-probs into ``logp_out`` where given."""
         x = self.preprocess(obs)
         body, k = (self.body if self.image else self.actor_body), self.acting_state
         y, left = body.core.step(body.encoder(x), state[:, :k])
         state_out[:, :k].copy_(left)
         params = self.actor_head(y)
-        raw = self.dist.act_(params, noise, act_out, raw_out, deterministic)
+        raw = self.dist.act_(params, noise, act_out, raw_out, deterministic, mask)
         if logp_out is not None:
-            logp_out.copy_(self.dist.log_prob(params, raw))
+            logp_out.copy_(self.dist.log_prob(params, raw, mask=mask))
 
     def _apply(self, fn, *args, **kwargs):
         self._acting = None  # parameters may be replaced (.to(device), ...)
@@ -307,33 +321,53 @@ class ActorCritic(nn.Module):
         """``actor_params`` without module dispatch for MLPs (the same numbers)."""
         return self.actor_params(obs) if self.image else self.acting_path().params(obs)
 
-    def act_(self, obs, noise, act_out, raw_out=None, logp_out=None, value_out=None, *, deterministic: bool = False):
+    def act_(
+        self,
+        obs,
+        noise,
+        act_out,
+        raw_out=None,
+        logp_out=None,
+        value_out=None,
+        *,
+        deterministic: bool = False,
+        mask=None,
+    ):
         """One acting step (call under ``torch.inference_mode()``). Writes actions into
-        ``act_out``; for a shared body also the log-prob and value into ``logp_out`` /
-        ``value_out`` when given."""
+        ``act_out`` (among those ``mask``, ``[B, actions]`` bool, allows; None: all); for a
+        shared body also the log-prob and value into ``logp_out`` / ``value_out`` when given."""
         if not self.image:
-            self.acting_path().act(obs, noise, act_out, raw_out, deterministic)
+            self.acting_path().act(obs, noise, act_out, raw_out, deterministic, mask)
             return
         if logp_out is None and value_out is None:
-            self.dist.act_(self.actor_params(obs), noise, act_out, raw_out, deterministic)
+            self.dist.act_(self.actor_params(obs), noise, act_out, raw_out, deterministic, mask)
             return
         params, v = self.params_and_value(obs)
-        raw = self.dist.act_(params, noise, act_out, raw_out, deterministic)
+        raw = self.dist.act_(params, noise, act_out, raw_out, deterministic, mask)
         if value_out is not None:
             value_out.copy_(v)
         if logp_out is not None:
-            logp_out.copy_(self.dist.log_prob(params, raw))
+            logp_out.copy_(self.dist.log_prob(params, raw, mask=mask))
 
-    def predict(self, obs: np.ndarray, deterministic: bool = True, state: torch.Tensor | None = None) -> np.ndarray:
+    def predict(
+        self,
+        obs: np.ndarray,
+        deterministic: bool = True,
+        state: torch.Tensor | None = None,
+        mask: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Convenience for evaluation: batched numpy observations -> numpy actions. A
         recurrent policy needs ``state`` (``[n, state_size]``, zeros at an episode's
-        start), which it advances in place."""
+        start), which it advances in place. ``mask``: the actions each env allows
+        (``[n, actions]``, booleans or 0/1; ``fastvec.action_masks``), which a policy
+        trained with masks needs."""
         if self.recurrent and state is None:
             raise ValueError("a recurrent policy predicts with its state: pass state=torch.zeros(n, policy.state_size)")
         with torch.inference_mode():
             dev = next(self.parameters()).device
             o = torch.as_tensor(np.asarray(obs), device=dev)
             n = o.shape[0]
+            m = self._predict_mask(mask, n, dev)
             out = torch.empty(
                 (n, *self.dist.action_shape),
                 dtype=torch.float32 if isinstance(self.dist, GaussianDist) else torch.int64,
@@ -341,10 +375,28 @@ class ActorCritic(nn.Module):
             )
             noise = self.dist.sample_noise(torch.empty(self.dist.noise_shape(n), device=dev))
             if self.recurrent:
-                self.act_recurrent(o, state, state, noise, out, deterministic=deterministic)
+                self.act_recurrent(o, state, state, noise, out, deterministic=deterministic, mask=m)
             else:
-                self.dist.act_(self.actor_params(o), noise, out, None, deterministic)
+                self.dist.act_(self.actor_params(o), noise, out, None, deterministic, m)
             return out.cpu().numpy()
+
+    def _predict_mask(self, mask, n: int, dev) -> torch.Tensor | None:
+        """``predict``'s mask as ``[n, actions]`` bool on ``dev``; ValueError on bad input."""
+        if mask is None:
+            if self.masked:
+                raise ValueError("this policy was trained with action masks: pass predict(obs, mask=...)")
+            return None
+        size = getattr(self.dist, "mask_size", None)
+        arr = np.asarray(mask)
+        if size is None:
+            raise ValueError("action masks need a Discrete or MultiDiscrete action space")
+        if arr.shape != (n, size) or not (arr.dtype == np.bool_ or np.issubdtype(arr.dtype, np.integer)):
+            raise ValueError(f"mask must be booleans of shape ({n}, {size}), got {arr.dtype} {arr.shape}")
+        m = torch.as_tensor(arr.astype(bool), device=dev)
+        ok = self.dist.valid(m).any(-1).all(-1)
+        if not bool(ok.all()):
+            raise ValueError(f"the mask allows no action for env {int((~ok).nonzero()[0, 0])}")
+        return m
 
 
 def make_policy(
@@ -359,6 +411,7 @@ def make_policy(
     normalize_obs=False,
     core="none",
     core_size=128,
+    action_masks=False,
 ) -> ActorCritic:
     """The policy for these spaces (see the module docstring for the rules)."""
     return ActorCritic(
@@ -372,6 +425,7 @@ def make_policy(
         normalize_obs=normalize_obs,
         core=core,
         core_size=core_size,
+        action_masks=action_masks,
     )
 
 
@@ -379,4 +433,5 @@ def describe_policy(policy: ActorCritic) -> str:
     dist = "gaussian" if isinstance(policy.dist, GaussianDist) else "categorical"
     n = sum(p.numel() for p in policy.parameters())
     core = f"+{policy.core_kind}" if policy.recurrent else ""
-    return f"{policy.kind}{core}+{dist} ({n} parameters)"
+    masked = "+masked" if policy.masked else ""
+    return f"{policy.kind}{core}+{dist}{masked} ({n} parameters)"

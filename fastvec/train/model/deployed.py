@@ -46,6 +46,11 @@ class DeployedPolicy(nn.Module):
 
     def __init__(self, policy: ActorCritic, deterministic: bool = True):
         super().__init__()
+        if policy.masked:
+            raise ValueError(
+                "a policy trained with action masks is not exported (its actions need the env's mask): "
+                "use ActorCritic.predict(obs, mask=...)"
+            )
         self.deterministic = bool(deterministic)
         self.recurrent = bool(policy.recurrent)
         self.state_size = int(policy.acting_state)

@@ -4,6 +4,13 @@
   per component) and ``MultiBinary`` (two-way) actions;
 - ``GaussianDist``: a diagonal Gaussian with a state-independent log std for ``Box``.
 
+A categorical built with ``masked=True`` takes action masks (``fastvec.action_masks``):
+one boolean per choice, the components' masks concatenated (``[B, sum(nvec)]``); masked
+choices get a -inf logit, so they are never sampled and the log-probabilities and the
+entropy are over the valid choices only (sb3-contrib's ``MaskablePPO`` semantics). Its
+learner's actions carry their masks beside them (``join``: ``[B, k + sum(nvec)]``), so
+every pass over a rollout's actions honours the masks acting saw.
+
 Both sample with noise drawn for a whole rollout at once (``sample_noise``: Gumbel-max
 for categoricals, ``mean + std * eps`` for Gaussians) and write the actions straight into
 the caller's tensors (``act_``): the engine's shared action buffers, in the trainer's
@@ -28,10 +35,15 @@ class CategoricalDist(nn.Module):
     ``Discrete`` is ``k = 1`` (actions of shape ``[B]``); ``MultiBinary`` is
     ``nvec = 2``."""
 
-    def __init__(self, nvec, start=None, action_shape=(), squeeze=True):
+    def __init__(self, nvec, start=None, action_shape=(), squeeze=True, masked=False):
         super().__init__()
         nvec = np.asarray(nvec, dtype=np.int64).reshape(-1)
         self.k, self.max_n = int(nvec.size), int(nvec.max())
+        self.masked, self.mask_size = bool(masked), int(nvec.sum())
+        # where choice j of component i is in a mask row (mask_size: a padding choice, never valid)
+        offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
+        at = np.where(np.arange(self.max_n)[None, :] < nvec[:, None], offsets[:, None] + np.arange(self.max_n), -1)
+        self.register_buffer("mask_at", torch.as_tensor(np.where(at < 0, self.mask_size, at)), persistent=False)
         self.n_params = self.k * self.max_n
         self.action_shape = tuple(action_shape)
         self.squeeze = squeeze
@@ -52,16 +64,34 @@ class CategoricalDist(nn.Module):
         on a masked -inf logit would give NaN)."""
         return out.exponential_().clamp_(min=1e-30).log_().neg_()
 
-    def _logits(self, params: torch.Tensor) -> torch.Tensor:
+    def valid(self, mask: torch.Tensor) -> torch.Tensor:
+        """Action masks ``[B, sum(nvec)]`` (bool) as ``[B, k, max_n]``: the valid choices."""
+        if self.k == 1:
+            return mask.view(mask.shape[0], 1, self.max_n)
+        return torch.cat([mask, mask.new_zeros(mask.shape[0], 1)], 1)[:, self.mask_at]
+
+    def join(self, actions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Actions ``[B, ...]`` and their masks ``[B, sum(nvec)]`` as one int64 tensor
+        ``[B, k + sum(nvec)]`` (what a masked categorical's ``log_prob`` takes)."""
+        return torch.cat([actions.reshape(actions.shape[0], self.k).long(), mask.long()], 1)
+
+    def _split(self, actions: torch.Tensor, mask):
+        if self.masked and mask is None:  # joined: the masks acting saw
+            return actions[:, : self.k], actions[:, self.k :].bool()
+        return actions, mask
+
+    def _logits(self, params: torch.Tensor, mask=None) -> torch.Tensor:
         logits = params.reshape(params.shape[0], self.k, self.max_n)
         if self.has_mask:
             logits = logits + self.neg_inf
+        if mask is not None:
+            logits = logits.masked_fill(~self.valid(mask), -math.inf)
         return logits
 
-    def act_(self, params, noise, act_out, raw_out=None, deterministic=False):
-        """Sample (Gumbel-max) into ``act_out`` (shape ``[B, *action_shape]``); returns
-        the sampled actions (for ``log_prob``)."""
-        logits = self._logits(params)
+    def act_(self, params, noise, act_out, raw_out=None, deterministic=False, mask=None):
+        """Sample (Gumbel-max) into ``act_out`` (shape ``[B, *action_shape]``) among the
+        choices ``mask`` allows (None: all); returns the sampled actions (for ``log_prob``)."""
+        logits = self._logits(params, mask)
         if not deterministic:
             logits = logits + noise
         b = logits.shape[0]
@@ -88,8 +118,11 @@ class CategoricalDist(nn.Module):
             a = a - self.start
         return a
 
-    def log_prob_entropy(self, params, actions, need_entropy=True):
-        if self.k == 1 and not self.has_mask and not self.has_start:
+    def log_prob_entropy(self, params, actions, need_entropy=True, mask=None):
+        """Log-probabilities of ``actions`` and the entropies, over the choices ``mask``
+        allows (a masked categorical's actions without a mask: ``join``'s)."""
+        actions, mask = self._split(actions, mask)
+        if self.k == 1 and not self.has_mask and not self.has_start and mask is None:
             # Discrete: no reshapes (each view is an autograd node in the update).
             logp_all = torch.log_softmax(params, -1)
             a = actions if actions.dtype == torch.int64 else actions.long()
@@ -97,20 +130,22 @@ class CategoricalDist(nn.Module):
             if not need_entropy:
                 return logp, None
             return logp, -(logp_all.exp() * logp_all).sum(-1)
-        logits = self._logits(params)
+        logits = self._logits(params, mask)
         logp_all = torch.log_softmax(logits, -1)
         idx = self._index(actions)
         logp = logp_all.gather(-1, idx.unsqueeze(-1)).squeeze(-1).sum(-1)
         if not need_entropy:
             return logp, None
         p = logp_all.exp()
-        if self.has_mask:
+        if mask is not None:  # the invalid choices' terms are 0 * -inf: left out
+            logp_all = logp_all.masked_fill(~self.valid(mask), 0.0)
+        elif self.has_mask:
             logp_all = logp_all.masked_fill(self.invalid, 0.0)
         ent = -(p * logp_all).sum(-1).sum(-1)
         return logp, ent
 
-    def log_prob(self, params, actions):
-        return self.log_prob_entropy(params, actions, need_entropy=False)[0]
+    def log_prob(self, params, actions, mask=None):
+        return self.log_prob_entropy(params, actions, need_entropy=False, mask=mask)[0]
 
 
 class GaussianDist(nn.Module):
@@ -137,7 +172,9 @@ class GaussianDist(nn.Module):
     def sample_noise(self, out: torch.Tensor) -> torch.Tensor:
         return out.normal_()
 
-    def act_(self, params, noise, act_out, raw_out=None, deterministic=False):
+    masked = False
+
+    def act_(self, params, noise, act_out, raw_out=None, deterministic=False, mask=None):
         """Sample into ``raw_out`` (``[B, dim]``, float32) and write the clipped
         action into ``act_out`` (``[B, *action_shape]``, the env's dtype)."""
         if deterministic:
@@ -156,7 +193,8 @@ class GaussianDist(nn.Module):
             flat_out.copy_(raw)
         return raw
 
-    def log_prob_entropy(self, params, raw_actions, need_entropy=True):
+    def log_prob_entropy(self, params, raw_actions, need_entropy=True, mask=None):
+        """(``mask``: always None here; a Gaussian takes no action masks.)"""
         log_std = self.log_std
         z = (raw_actions.reshape(params.shape) - params) * torch.exp(-log_std)
         logp = (-0.5 * z.square() - log_std).sum(-1) - 0.5 * math.log(2 * math.pi) * self.dim
@@ -165,17 +203,21 @@ class GaussianDist(nn.Module):
         ent = (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum().expand(params.shape[0])
         return logp, ent
 
-    def log_prob(self, params, raw_actions):
+    def log_prob(self, params, raw_actions, mask=None):
         return self.log_prob_entropy(params, raw_actions, need_entropy=False)[0]
 
 
-def make_dist(act_space: spaces.Space, log_std_init: float = 0.0) -> nn.Module:
+def make_dist(act_space: spaces.Space, log_std_init: float = 0.0, masked: bool = False) -> nn.Module:
+    """The distribution for ``act_space``; ``masked``: one that takes action masks
+    (``Discrete`` and ``MultiDiscrete`` only)."""
     if isinstance(act_space, spaces.Discrete):
-        return CategoricalDist([act_space.n], [act_space.start], action_shape=())
+        return CategoricalDist([act_space.n], [act_space.start], action_shape=(), masked=masked)
     if isinstance(act_space, spaces.MultiDiscrete):
         return CategoricalDist(
-            act_space.nvec.reshape(-1), act_space.start.reshape(-1), action_shape=act_space.nvec.shape
+            act_space.nvec.reshape(-1), act_space.start.reshape(-1), action_shape=act_space.nvec.shape, masked=masked
         )
+    if masked:
+        raise ValueError(f"action masks need a Discrete or MultiDiscrete action space, not {act_space}")
     if isinstance(act_space, spaces.MultiBinary):
         shape = tuple(np.atleast_1d(act_space.shape))
         k = int(np.prod(shape))

@@ -35,8 +35,11 @@ def check_ring(cfg: PPOConfig, storage) -> None:
 
 def start_where_left(last, nxt, T: int) -> None:
     """Storage ``nxt``'s slot 0 is storage ``last``'s slot T (the same one in lock-step,
-    the ring's previous section in async): the observations and (agents) which rows act."""
+    the ring's previous section in async): the observations, their action masks and (agents)
+    which rows act."""
     np.copyto(nxt.obs[0], last.obs[T])
+    if getattr(last, "action_mask", None) is not None:
+        np.copyto(nxt.action_mask[0], last.action_mask[T])
     if getattr(last, "active", None) is not None:
         np.copyto(nxt.active[0], last.active[T])
 
@@ -57,6 +60,8 @@ class RingSection:
         )
         active = getattr(storage, "active", None)  # (agents: the rows that act)
         self.active = None if active is None else active[rows]
+        masks = getattr(storage, "action_mask", None)
+        self.action_mask = None if masks is None else masks[rows]
         self.kind, self.num_envs, self.num_workers = storage.kind, storage.num_envs, storage.num_workers
         self.num_seeds = getattr(storage, "num_seeds", storage.num_envs)  # (the learner's ring: no resets)
         self.single_observation_space = storage.single_observation_space

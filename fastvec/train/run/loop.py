@@ -18,10 +18,13 @@ kept from there), so it is saved too: ``--resume`` loses at most that rollout.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
 from typing import Any
+
+import numpy as np
 
 from ..algo.checkpoints import PeriodicCheckpoints, check_spaces, policy_from_checkpoint, save_checkpoint
 from ..compute.ranks import SOLO, Ranks, check_world, rank_figures
@@ -205,6 +208,7 @@ class Run:
         self.solved = self.interrupted = self.out_of_time = False
         self.phase = "start"
         self.snap: Any = None  # RNG state at the last safe point
+        self._mean_ret: float | None = None  # the mean return after the last rollout
         self.lost: Any = None
 
     # ------------------------------------------------------------------ setup
@@ -249,7 +253,21 @@ class Run:
     # ------------------------------------------------------------------ one iteration
     def iterate(self, stop) -> bool:
         """A safe point, a rollout and (unless the run ends with it) an update; False
-        once the run ends (stop request, solved, ``max_seconds`` spent, or its steps done)."""
+        once the run ends (stop request, solved, ``max_seconds`` spent, or its steps done).
+        Its phases are ``safe_point``, ``collected`` and ``learned``, around the
+        schedule's ``collect`` and ``learn`` (a population drives them for all its members)."""
+        if not self.safe_point(stop):
+            return False
+        self.schedule.collect()
+        if not self.collected():
+            return False
+        self.schedule.learn()
+        self.learned()
+        return True
+
+    def safe_point(self, stop) -> bool:
+        """The safe point before a rollout: restarts counted, a stop request or the clock
+        honoured (False: the run ends here), a periodic checkpoint where one is due."""
         cfg, ppo, schedule = self.cfg, self.ppo, self.schedule
         self.phase = "safe point"
         self.restarts.check(ppo.env_steps)
@@ -272,21 +290,26 @@ class Run:
             self.videos.at(ppo)
         self.snap = rng_state()
         self.phase = "collect"
-        schedule.collect()
+        return True
+
+    def collected(self) -> bool:
+        """After a rollout: False where the run ends with it (solved, or its steps done)."""
+        cfg, ppo = self.cfg, self.ppo
         self.phase = "learn"
         if self.bar is not None:
             self.bar.update(ppo.T * ppo.N * self.ranks.world)
-        mean_ret, full = self.mean_return()
+        self._mean_ret, full = self.mean_return()
+        mean_ret = self._mean_ret
         if cfg.stop_at_return is not None and full and mean_ret is not None and mean_ret >= cfg.stop_at_return:
             self.solved = True
             return False
-        if ppo.env_steps >= cfg.total_steps:
-            return False
-        schedule.learn()
+        return ppo.env_steps < cfg.total_steps
+
+    def learned(self) -> None:
+        """After an update: a logging point where one is due."""
         now = time.perf_counter()
         if self.metrics.due(now):
-            self.metrics.log(now, mean_ret)
-        return True
+            self.metrics.log(now, self._mean_ret)
 
     def end(self) -> None:
         self.phase = "end"
@@ -314,6 +337,17 @@ class Run:
             return mean, tracker.full()
         total, have, full = self.ranks.floats([mean or 0.0, mean is not None, tracker.full()])
         return (total / have if have else None), bool(full == self.ranks.world)
+
+    def return_spread(self) -> tuple[float | None, int]:
+        """The standard deviation (ddof 0) of the returns ``mean_return`` averages, and
+        how many there are: with several ranks, over all of theirs (a collective)."""
+        window = np.asarray(self.ppo.tracker.window, dtype=np.float64)
+        if self.ranks.solo:
+            return (float(np.std(window)) if window.size else None), int(window.size)
+        n, total, squares = self.ranks.floats([window.size, window.sum(), np.square(window).sum()])
+        if n == 0:
+            return None, 0
+        return math.sqrt(max(squares / n - (total / n) ** 2, 0.0)), int(n)
 
     def wall(self, now: float) -> float:
         return self.wall_before + now - self.t_start
@@ -356,7 +390,7 @@ class Run:
         ppo, monitor = self.ppo, self.monitor
         wall = self.wall(time.perf_counter())
         final_mean, _full = self.mean_return()
-        result = run_result(self, wall, final_mean)
+        result = run_result(self, wall, final_mean, self.return_spread())
         if self.videos is not None:  # the videos still queued (the envs closed, the clock stopped), logged
             result["video_wait_seconds"] = round(self.videos.finish(), 3)
         if not self.ranks.solo:
@@ -381,6 +415,7 @@ class Run:
             )
             with open(os.path.join(monitor.run_dir, "result.json"), "w") as f:
                 json.dump(result, f, indent=1)
+        monitor.result(result)
         monitor.close()
         return result
 

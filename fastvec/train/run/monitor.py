@@ -9,10 +9,15 @@ A run directory holds:
   for the envs, targets, learning, the wall clock); ``device/*``: the learner device's
   busy fraction, and NVML's utilisation on CUDA with nvidia-ml-py, ``fastvec.train.compute.busy``);
 - ``metrics.jsonl``: one JSON object per logging point (same scalars);
-- ``learning_curve.png``: mean episode return against env steps (matplotlib, Agg);
+- ``learning_curve.png``: mean episode return against env steps (matplotlib, Agg; a
+  small palette PNG, which the model card shows);
 - ``videos/``: with ``--video-every``, the videos and ``videos.json``
   (``fastvec.train.commands.videos``);
 - ``checkpoint.pt``: written by the trainer (see ``fastvec.train.algo.checkpoints``).
+
+Further sinks (``sinks``: a tracker, ``fastvec.train.run.tracking``) receive each logging
+point's scalars as TensorBoard and ``metrics.jsonl`` receive them, at the same step, and
+the run's result at its end.
 
 The TensorBoard writer is created (and ``torch.utils.tensorboard`` imported, ~1-2 s)
 before the trainer starts its clock; writing happens at most every ``log_every_s``.
@@ -20,6 +25,7 @@ before the trainer starts its clock; writing happens at most every ``log_every_s
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -107,12 +113,17 @@ def _truncate_jsonl(path: str, last_step: int) -> int | None:
 class Monitor:
     """Writes scalars to TensorBoard and ``metrics.jsonl``; draws the PNG at close."""
 
-    def __init__(self, run_dir: str | None, tensorboard: bool = True, resume_step: int | None = None):
+    def __init__(
+        self, run_dir: str | None, tensorboard: bool = True, resume_step: int | None = None, sinks: tuple = ()
+    ):
         """``resume_step``: a resumed run continues from this env step: the rows logged
         after it (by the run that was interrupted) are dropped from ``metrics.jsonl`` and
         hidden from TensorBoard (``purge_step``), so both continue without a gap or a
-        duplicate step."""
+        duplicate step. ``sinks``: objects with ``log(step, scalars, histograms)``,
+        ``result(result)`` and ``close()`` (a tracker), given every logging point too;
+        the monitor closes them."""
         self.run_dir = run_dir
+        self.sinks = list(sinks)
         self.writer = None
         self._jsonl = None
         self.points: list[tuple[int, float]] = []  # (env steps, mean return), thinned
@@ -134,13 +145,19 @@ class Monitor:
     # ---------------------------------------------------------------- writing
     def log(self, step: int, scalars: dict, histograms: dict | None = None) -> None:
         row = {"env_steps": int(step)}
+        logged = {}  # what TensorBoard and the sinks get
         for k, v in scalars.items():
             if v is None:
                 continue
             v = _jsonable(v)
             row[k] = v
-            if self.writer is not None and v is not None:
+            if v is not None:
+                logged[k] = v
+        if self.writer is not None:
+            for k, v in logged.items():
                 self.writer.add_scalar(k, v, step)
+        for sink in self.sinks:
+            sink.log(row["env_steps"], logged, histograms)
         if self.writer is not None and histograms:
             for k, values in histograms.items():
                 values = np.asarray(values, dtype=np.float64)
@@ -193,11 +210,24 @@ class Monitor:
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
-        fig.savefig(path)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
         plt.close(fig)
+        from PIL import Image  # (matplotlib's own dependency)
+
+        with Image.open(buf) as im:  # a palette PNG: a third of the RGBA one's size, for a model card
+            im.convert("RGB").quantize(colors=64).save(path, optimize=True)
         return path
 
+    def result(self, result: dict) -> None:
+        """The run's result, to the sinks (``result.json`` is the run's to write)."""
+        for sink in self.sinks:
+            sink.result(result)
+
     def close(self) -> None:
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close()
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()

@@ -112,8 +112,10 @@ def _pipeline_scalars(st: dict) -> dict:
     return scal
 
 
-def run_result(run, wall: float, final_mean: float | None) -> dict:
-    """The result of ``run`` (a ``fastvec.train.run.loop.Run``) after ``wall`` seconds."""
+def run_result(run, wall: float, final_mean: float | None, spread: tuple = (None, 0)) -> dict:
+    """The result of ``run`` (a ``fastvec.train.run.loop.Run``) after ``wall`` seconds:
+    ``final_mean`` the mean return of the last episodes, ``spread`` their returns'
+    standard deviation and count (``Run.return_spread``)."""
     cfg, ppo, threshold = run.cfg, run.ppo, run.threshold
     solved = run.solved
     if cfg.stop_at_return is None and threshold is not None and final_mean is not None:
@@ -126,6 +128,9 @@ def run_result(run, wall: float, final_mean: float | None) -> dict:
         "env_steps": int(ppo.env_steps),
         "wall_seconds": round(wall, 4),
         "final_mean_return": None if final_mean is None else round(final_mean, 4),
+        # the returns behind it: their standard deviation (ddof 0) and how many (the window of the last episodes)
+        "final_return_std": None if spread[0] is None else round(spread[0], 4),
+        "final_return_episodes": int(spread[1]),
         "sps": round(ppo.env_steps / wall, 1),
         "episodes": ppo.tracker.episodes,
         "updates": ppo.updates,

@@ -26,6 +26,8 @@ class StepSlots(NamedTuple):
     raw: torch.Tensor | None  # the Gaussian's unclipped sample (None: categorical)
     logp: torch.Tensor | None  # log-prob and value, where the policy gives them while
     value: torch.Tensor | None  # acting (a shared trunk); None: computed per rollout
+    mask: torch.Tensor | None = None  # action mask slot t, where the policy reads it (None: unmasked)
+    mask_host: torch.Tensor | None = None  # action mask slot t, where the env wrote it
 
     def rows(self, a: int, b: int) -> StepSlots:
         """The same slots, for envs ``a`` to ``b`` (a batch group)."""
@@ -49,6 +51,11 @@ class Rollout:
     the host arrays (None: exactly on CUDA). ``shared``: numpy arrays that hold what acting
     records, ``raw`` ``[T, N, dim]``, ``logp`` ``[T, N]`` and ``values`` ``[T + 1, N]``
     (the async pipeline's shared memory, where its learner reads them; zero copy only).
+
+    A masked run's ``mask`` ``[T + 1, N, M]`` (bool) views the storage's ``action_mask``
+    (``mask_dev``: its device buffer with copies, filled slot by slot as the policy acts):
+    the mask in slot t is the one acting honoured at step t, and ``batch_actions`` gives the
+    learner each action joined with its mask (``CategoricalDist.join``).
 
     A recurrent policy's rows (``memory``): ``states`` ``[T + 1, N, state_size]``, the
     state each env was fed at each step (``fastvec.train.model.cores``), and ``starts``
@@ -80,11 +87,12 @@ class Rollout:
         self.truncated = torch.from_numpy(storage.truncated)
         active = getattr(storage, "active", None)  # [T+1, N]: the rows that act (agents); None: all
         self.active = None if active is None else torch.from_numpy(active)
-        dist = policy.dist
+        dist = self.dist = policy.dist
         self.gaussian = isinstance(dist, GaussianDist)
         self.shared = shared
         self._learner_arrays(device.type == "cuda" if pin is None else pin)
         self._acting_arrays(dist)
+        self._mask_arrays(storage, policy)
         at_act = self.at_act = policy.values_at_act
         self.steps = [
             StepSlots(
@@ -96,6 +104,8 @@ class Rollout:
                 self.raw[t] if self.gaussian else None,
                 self.logp[t] if at_act else None,
                 self.values[t] if at_act else None,
+                None if self.mask is None else self.mask_dev[t],
+                None if self.mask is None else self.mask[t],
             )
             for t in range(T)
         ]
@@ -144,6 +154,20 @@ class Rollout:
             self.logp = torch.empty((T, N), device=dev)
             self.raw = torch.empty((T, N, dist.dim), device=dev) if self.gaussian else None
         self.noise = torch.empty((T, *dist.noise_shape(N)), device=dev)
+
+    def _mask_arrays(self, storage, policy) -> None:
+        """The action masks' views (``mask``, ``mask_dev``; None: an unmasked run)."""
+        masks = getattr(storage, "action_mask", None)
+        if (masks is not None) != policy.masked:
+            raise ValueError(
+                "the policy takes action masks but the envs give none"
+                if policy.masked
+                else "the envs give action masks but the policy does not take them"
+            )
+        self.mask = None if masks is None else torch.from_numpy(masks)
+        self.mask_dev = self.mask
+        if self.mask is not None and self.copies:
+            self.mask_dev = torch.empty(self.mask.shape, dtype=torch.bool, device=self.device)
 
     def steps_by_group(self) -> list[list[StepSlots]] | None:
         """Per batch group of the storage (``groups``), per step t: that group's rows of
@@ -209,6 +233,8 @@ class Rollout:
         """Observation slot T (where the next rollout starts) to the device."""
         if self.copies:
             self.obs_dev[self.T].copy_(self.obs[self.T], non_blocking=True)
+            if self.mask is not None:
+                self.mask_dev[self.T].copy_(self.mask[self.T], non_blocking=True)
 
     def values_to_host(self) -> None:
         """The values to the host array ``fastvec.gae`` reads (synchronous)."""
@@ -245,7 +271,12 @@ class Rollout:
         return self.obs_dev[: self.T].reshape(self.T * self.N, *self.obs.shape[2:])
 
     def batch_actions(self) -> torch.Tensor:
+        """The rollout's actions, sample ``t * N + n`` in row ``t * N + n`` (a Gaussian's
+        raw samples; a masked run's joined with the masks acting honoured)."""
         if self.gaussian:
             return self.raw.reshape(self.T * self.N, -1)
         a = self.act_dev[1:]
-        return a.reshape(self.T * self.N, *a.shape[2:])
+        a = a.reshape(self.T * self.N, *a.shape[2:])
+        if self.mask is None:
+            return a
+        return self.dist.join(a, self.mask_dev[: self.T].reshape(self.T * self.N, -1))

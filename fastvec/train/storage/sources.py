@@ -5,8 +5,8 @@
 ``terminated`` and ``truncated``; ``reset(seeds)`` writes the first observations into slot
 0 (one seed per env, or an int: env i gets ``seed + i``), ``step(t)`` steps every env on the actions in ``act[t]`` and writes step t's results
 into slot ``t`` (``final_obs`` where an episode ended), ``send``/``recv`` do the same per
-batch group, ``arrays()`` lists what to page-lock for CUDA, and ``close()``. ``active``:
-which rows act at each step (None: all; ``fastvec.train.storage.agent_rows`` for agents).
+batch group, ``arrays()`` lists what to page-lock for CUDA, and ``close()``. ``active``
+and ``action_mask``: which rows act, which actions each env allows (None: all of them).
 
 - ``EngineStorage``: the engine's own shared memory, zero copy (``RayEngineStorage``: a
   ``fastvec.ray.RayEngine``'s, whose workers are on other nodes);
@@ -26,6 +26,7 @@ import numpy as np
 
 from ..._core.base import IN_SLOT
 from ..._core.segment import leaves_of
+from ...action_masks import check_actable, split_masked_space
 from ..compute.pinned import HostPin, alloc
 from ..config.seeding import seeds_for
 
@@ -65,6 +66,8 @@ class RolloutStorage(Protocol):
     active: np.ndarray | None
     """``[T + 1, N]`` bool: whether row n acts on the observation in slot t (a
     multi-agent env's agent that left its episode does not); None: every row, always."""
+    action_mask: np.ndarray | None
+    """``[T + 1, N, M]`` bool: the actions env n allows in slot t (``fastvec.action_masks``)."""
 
     @property
     def groups(self) -> list[tuple[int, int]]:
@@ -132,12 +135,17 @@ class EngineStorage:
     (``RayEngineStorage`` for a ``fastvec.ray.RayEngine``) started with ``num_slots =
     n_steps + 1`` and ``autoreset_mode="same_step"``. Closing the storage closes the
     engine (it also does when the spaces do not suit the trainer). ``kind`` names the
-    backend in the result; ``groups``: the batch groups (``TransportConfig.env_groups``)."""
+    backend in the result; ``groups``: the batch groups (``TransportConfig.env_groups``).
+
+    ``masked``: the envs are ``fastvec.action_masks.ActionMaskObservation``'s, ``(obs,
+    mask)``: ``action_mask`` views the mask's leaf as bool (zero copy); each reset and step
+    checks every env's mask allows an action (ValueError naming the env)."""
 
     active: np.ndarray | None = None  # every env acts at every step
+    action_mask: np.ndarray | None = None
 
-    def __init__(self, engine, kind: str = "fastvec", groups: int = 1):
-        self.kind = kind
+    def __init__(self, engine, kind: str = "fastvec", groups: int = 1, masked: bool = False):
+        self.kind, self.masked = kind, masked
         self.engine = eng = engine
         try:
             self._check_spaces(eng)
@@ -158,13 +166,18 @@ class EngineStorage:
         self._placement: dict | None = None
 
     def _check_spaces(self, eng) -> None:
-        _single_leaf(eng.single_observation_space, "observation")
+        obs_space = eng.single_observation_space
+        if self.masked:  # (obs, mask): the env's own observation, and the mask's branches
+            obs_space, self._branches = split_masked_space(obs_space, eng.single_action_space)
+        _single_leaf(obs_space, "observation")
         _single_leaf(eng.single_action_space, "action")
 
     def _views(self, eng) -> None:
         """The protocol's arrays: the engine's own (one env, one row)."""
         self.num_envs = self.num_seeds = eng.num_envs
-        self.single_observation_space = eng.single_observation_space
+        obs_space = eng.single_observation_space  # masked: (obs, mask), the mask's 0/1 int8 read as bool
+        self.single_observation_space = obs_space[0] if self.masked else obs_space
+        self.action_mask = eng.obs_bufs[-1].view(np.bool_) if self.masked else None
         self.single_action_space = eng.single_action_space
         self.obs = eng.obs_bufs[0]
         self.final_obs = eng.final_bufs[0]
@@ -183,16 +196,23 @@ class EngineStorage:
         return self.engine.worker_pids
 
     def arrays(self) -> list[np.ndarray]:
-        return [self.obs, self.final_obs, self.act, self.rewards, self.terminated, self.truncated]
+        masks = [self.action_mask] * (self.action_mask is not None)
+        return [self.obs, self.final_obs, self.act, self.rewards, self.terminated, self.truncated, *masks]
 
     def reset(self, seed: int | Sequence[int] | None, slot: int = 0) -> None:
         seeds = seeds_for(seed, self.num_seeds)
         self.engine.reset(slot, {i: ({} if seeds is None else {"seed": seeds[i]}) for i in range(self.num_seeds)})
+        self._check_masks(slot, 0)
 
     def step(self, slot: int) -> None:
         self._step_async(IN_SLOT, slot)  # the policy wrote the actions into the slot
         self._step_wait()
         self._after_step()
+        self._check_masks(slot, 0)
+
+    def _check_masks(self, slot: int, first: int, last: int | None = None) -> None:
+        if self.action_mask is not None:  # (ValueError: an env whose mask allows nothing)
+            check_actable(self.action_mask[slot, first:last], self._branches, first, f"slot {slot}")
 
     def _after_step(self) -> None:
         if len(self.engine.restarts) != self._restarts_seen:
@@ -225,6 +245,7 @@ class EngineStorage:
     def recv(self, g: int, slot: int) -> None:
         self.engine.group_recv(self._group_workers[g], slot, slot - 1)
         self._after_step()
+        self._check_masks(slot, *self.groups[g])
 
     def lost_wakeups(self) -> int | None:
         counts = self.engine.wait_counts()
@@ -269,8 +290,8 @@ class RayEngineStorage(EngineStorage):
     own nodes (their pids mean nothing to this machine's psutil), it keeps no wait counts
     and its actors' engines choose their own waits (``main_spin_us`` None); lock-step only."""
 
-    def __init__(self, engine):
-        super().__init__(engine, kind="fastvec-ray")
+    def __init__(self, engine, masked: bool = False):
+        super().__init__(engine, kind="fastvec-ray", masked=masked)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -300,6 +321,7 @@ class _CopyStorage:
     single_action_space: Any
     on_restart: Callable[[], None] | None = None  # never called: the vector env restarts nothing here
     active: np.ndarray | None = None
+    action_mask: np.ndarray | None = None  # (a vector env of your own: no masks)
 
     def _alloc_arrays(self, num_slots: int, pin: bool) -> None:
         _single_leaf(self.single_observation_space, "observation")

@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""Action masks: ``fastvec train Taxi-v4`` against sb3-contrib's ``MaskablePPO``, with and
+without masks, to a mean return of 7.0.
+
+    python benchmarks/bench_masks.py --out benchmarks/results/masks --seeds 1 2 3   # needs sb3-contrib
+    python benchmarks/bench_masks.py --seeds 1 --max-steps 4096 --threshold -1000    # a smoke run
+
+Taxi's solved level is about 8 (gymnasium's ``reward_threshold``); 7.0 is the level
+issue 60 times. gymnasium 1.4 names the env ``Taxi-v4`` (``Taxi-v3`` is deprecated
+there; the same task, its ``info["action_mask"]`` as before). Four candidates, each run
+a fresh process, interleaved seed by seed in an order that rotates:
+
+- ``fastvec masked``: ``fastvec train Taxi-v4 --action-mask info --stop-at-return 7``
+  (the trainer's defaults otherwise);
+- ``fastvec unmasked``: the same with ``--action-mask none``;
+- ``MaskablePPO masked``: sb3-contrib 2.9's ``MaskablePPO("MlpPolicy", env)`` with its
+  documented defaults (one env wrapped in ``ActionMasker`` with Taxi's own
+  ``action_mask``, n_steps 2048, batch 64, 10 epochs, lr 3e-4), until the mean return
+  of the last 20 episodes reaches the threshold;
+- ``MaskablePPO unmasked``: the same, ``learn(use_masking=False)``.
+
+Reported per candidate: seeds that reached the threshold, the wall time and env steps
+to it (medians, min-max), and each fastvec candidate's median time over the masked
+MaskablePPO's. Every run uses one torch thread and counts its start-up.
+Writes ``masks.json`` and ``masks.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+from harness.cli_runs import run_train
+from harness.common import Parser, cpu_model, rotated, span, write_results
+from harness.processes import child_env, last_json
+
+ENV = "Taxi-v4"
+CANDIDATES = ("fastvec masked", "fastvec unmasked", "MaskablePPO masked", "MaskablePPO unmasked")
+
+
+def taxi_mask(env):
+    """Taxi's own action mask of its current state (what ``info["action_mask"]`` holds)."""
+    return env.unwrapped.action_mask(env.unwrapped.s)
+
+
+def child_maskable(seed: int, masked: bool, threshold: float, max_steps: int) -> dict:
+    """sb3-contrib's MaskablePPO with its defaults until the last 20 episodes' mean return
+    reaches ``threshold`` (or ``max_steps``)."""
+    import numpy as np
+    import torch
+    from sb3_contrib import MaskablePPO
+    from sb3_contrib.common.wrappers import ActionMasker
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    torch.set_num_threads(1)
+    p = torch.nn.Parameter(torch.zeros(4))
+    (p * 2).sum().backward()
+    torch.optim.Adam([p]).step()  # torch's first-use imports, before the clock
+
+    class Stop(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.rets: collections.deque = collections.deque(maxlen=20)
+            self.solved = False
+
+        def _on_step(self):
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.rets.append(info["episode"]["r"])
+            self.solved = len(self.rets) == 20 and float(np.mean(self.rets)) >= threshold
+            return not self.solved
+
+    t0 = time.perf_counter()
+    env = make_vec_env(
+        ENV, n_envs=1, seed=seed, wrapper_class=ActionMasker, wrapper_kwargs={"action_mask_fn": taxi_mask}
+    )
+    model = MaskablePPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0)
+    stop = Stop()
+    model.learn(max_steps, callback=stop, use_masking=masked)
+    wall = time.perf_counter() - t0
+    env.close()
+    return {
+        "solved": stop.solved,
+        "env_steps": int(model.num_timesteps),
+        "wall_seconds": wall,
+        "final_mean_return": float(np.mean(stop.rets)) if stop.rets else None,
+    }
+
+
+def one_run(name: str, seed: int, args) -> dict:
+    """One candidate on one seed, in a fresh process."""
+    if name.startswith("fastvec"):
+        source = "info" if name.endswith(" masked") else "none"
+        extra = ["--action-mask", source, "--stop-at-return", str(args.threshold)]
+        r = run_train(ENV, seed, total_steps=args.max_steps, extra_args=extra, timeout=args.timeout)
+        return {k: r[k] for k in ("solved", "env_steps", "wall_seconds", "final_mean_return")}
+    job = {"seed": seed, "masked": name.endswith(" masked"), "threshold": args.threshold, "max_steps": args.max_steps}
+    cmd = [sys.executable, os.path.abspath(__file__), "--_child", json.dumps(job)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=child_env())
+    res = last_json(proc.stdout)
+    if proc.returncode != 0 or res is None:
+        raise SystemExit(f"{name} seed {seed}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    return res
+
+
+def report(runs: dict, args, wall: float) -> str:
+    ref = [r["wall_seconds"] for r in runs["MaskablePPO masked"] if r["solved"]]
+    lines = [
+        f"# Action masks: {ENV} to a mean return of {args.threshold:g} ({wall / 60:.0f} min)",
+        "",
+        f"`python benchmarks/bench_masks.py --out {args.out} --seeds {' '.join(map(str, args.seeds))}`; "
+        f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Each run a fresh process, the order "
+        f"rotating by seed; at most {args.max_steps:,} env steps. Medians, min-max in brackets, over "
+        "the seeds that reached the threshold.",
+        "",
+        "| candidate | reached | time to it, s | env steps to it | final mean return | time / MaskablePPO masked |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, rs in runs.items():
+        ok = [r for r in rs if r["solved"]]
+        t = [r["wall_seconds"] for r in ok]
+        ratio = f"{statistics.median(t) / statistics.median(ref):.2f}x" if t and ref else "-"
+        finals = [r["final_mean_return"] for r in rs if r["final_mean_return"] is not None]
+        lines.append(
+            f"| {name} | {len(ok)} of {len(rs)} | {span(t, '{:.1f}')} | "
+            f"{span([r['env_steps'] for r in ok], '{:,.0f}')} | {span(finals)} | {ratio} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--_child":
+        print(json.dumps(child_maskable(**json.loads(sys.argv[2]))))
+        return 0
+    ap = Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--threshold", type=float, default=7.0)
+    ap.add_argument("--max-steps", type=int, default=2_000_000, help="env steps at most, per run")
+    ap.add_argument("--timeout", type=float, default=3600.0)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    runs: dict[str, list] = {n: [] for n in CANDIDATES}
+    for i, seed in enumerate(args.seeds):
+        for name in rotated(list(CANDIDATES), i):
+            r = one_run(name, seed, args)
+            runs[name].append(r)
+            print(f"seed {seed} {name}: {r}", file=sys.stderr, flush=True)
+    wall = time.perf_counter() - t0
+    data = {"env_id": ENV, "seeds": args.seeds, "threshold": args.threshold, "runs": runs}
+    write_results(args.out, report(runs, args, wall), data, stem="masks")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""A population: K members, each its own PPO run, on one storage's envs.
+
+Member k's ``PPO`` acts into and learns from its own rows of the storage
+(``fastvec.train.storage.member_rows``), with its own weights, optimiser, normalisers,
+statistics and random numbers: what it computes is what a run alone with its seed and
+settings computes. The population does what the members share: it steps every member's
+envs at once (one engine step per time step for all of them, so the workers, the
+doorbells and the waits are paid once), and it keeps each member's RNG state, swapped
+in around whatever the member draws (its initial weights, its sampling noise, its
+minibatch permutations), so that member k draws the stream its run alone would.
+
+A member that has finished (solved, or out of steps) no longer acts or learns; its envs
+keep stepping on its last actions, their results unread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+import torch
+
+from ..compute.torch_state import rng_state, set_rng_state
+from ..storage.member_rows import MemberEnvs
+
+__all__ = ["Population"]
+
+
+class Population:
+    """K members over ``envs`` (``MemberEnvs``): ``seed`` and ``as_member`` give each its
+    random numbers, ``ppos[k]`` is member k's trainer once it is built, ``collect`` runs a
+    rollout for the members named."""
+
+    def __init__(self, envs: MemberEnvs):
+        self.envs = envs
+        self.size = len(envs.rows)
+        self.ppos: list = [None] * self.size
+        self._rng: list[dict | None] = [None] * self.size
+        self._current: int | None = None
+
+    def seed(self, k: int, seed: int) -> None:
+        """Member k's random numbers start as a run alone's with ``seed`` (torch's and
+        numpy's global generators seeded with it, as ``fastvec train`` seeds them)."""
+        outer = rng_state()
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        self._rng[k] = rng_state()
+        set_rng_state(outer)
+
+    @contextlib.contextmanager
+    def as_member(self, k: int):
+        """Inside, torch's and numpy's global generators are member k's; on leaving, what
+        the member drew is kept for its next turn and the generators are as before."""
+        if self._rng[k] is None:
+            raise RuntimeError(f"member {k} was not seeded")
+        if self._current is not None:
+            raise RuntimeError(f"member {k}'s turn inside member {self._current}'s")
+        outer = rng_state()
+        set_rng_state(self._rng[k])
+        self._current = k
+        try:
+            yield
+        finally:
+            self._rng[k] = rng_state()
+            self._current = None
+            set_rng_state(outer)
+
+    def freeze_actions(self, k: int, action) -> None:
+        """Member k acts no more: its envs step on ``action`` (a valid one of the space)."""
+        self.envs.rows[k].act[...] = np.asarray(action, dtype=self.envs.rows[k].act.dtype)
+
+    def collect(self, members: list[int]) -> None:
+        """One rollout of T steps on every env: the members named act (each its
+        sampling noise drawn from its own stream first), the others' envs step on their
+        last actions; each acting member's steps and episodes are counted as its own."""
+        ppos = [self.ppos[k] for k in members]
+        for k, ppo in zip(members, ppos):
+            with self.as_member(k):
+                ppo.collector.threads.use(ppo.collector.threads.act)
+                with torch.inference_mode():
+                    ppo.collector.draw_noise(ppo.rollout.noise)
+        t_act, t_env = self._steps(ppos)
+        for ppo, spent in zip(ppos, t_act):
+            ppo.collector.count(spent, t_env, ppo.T)
+            ppo.count_rollout()
+
+    def _steps(self, ppos: list) -> tuple[list[float], float]:
+        """The rollout's T steps: each member acts on its rows of slot t (its own copies
+        to and from the device where it has them), then every env steps into t + 1.
+        Each member's seconds acting, and the seconds in the envs."""
+        T = ppos[0].T
+        step, perf = self.envs.step, time.perf_counter
+        t_act = [0.0] * len(ppos)
+        t_env = 0.0
+        with torch.inference_mode():
+            for t in range(T):
+                for i, ppo in enumerate(ppos):
+                    t0 = perf()
+                    obs, obs_h, noise, act, act_h, raw, logp, val, mask, mask_h = ppo.rollout.steps[t]
+                    copies = ppo.rollout.copies
+                    if copies:
+                        obs.copy_(obs_h, non_blocking=True)
+                        if mask is not None:
+                            mask.copy_(mask_h, non_blocking=True)
+                    ppo.policy.act_(obs, noise, act, raw, logp, val, mask=mask)
+                    if copies:
+                        act_h.copy_(act)
+                    t_act[i] += perf() - t0
+                t1 = perf()
+                step(t + 1)
+                t_env += perf() - t1
+            for ppo in ppos:
+                ppo.rollout.last_obs_to_device()
+        return t_act, t_env

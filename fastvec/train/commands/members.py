@@ -1,0 +1,350 @@
+"""``fastvec train ENV --seeds K [--sweep KEY=V1,V2 ...]``, and ``run_members`` from Python.
+
+K members (``fastvec.train.config.members``) trained at once on one engine of ``K * N``
+envs (``fastvec.train.run.members``). The population's directory holds ``members.json``
+(what it trains: the env, the config, the seeds and the sweep), one run directory per
+member (named by its label: ``seed-3``, ``lr=0.001,seed-3``; each what a run alone
+writes, so ``fastvec eval``, ``fastvec export`` and ``fastvec report`` take it), and
+``result.json`` with every member's result and the comparison of the groups
+(``report.md``, ``report.json``, ``report.png``: ``fastvec.report``'s).
+
+``--resume DIR`` continues every member from its newest checkpoint (a member that had
+finished stays finished; one killed before its first checkpoint starts again).
+
+What members do not do is refused before any process starts: ``pipeline=async``,
+several ranks, recurrent cores, PettingZoo agent rows, mixes of envs, Ray, a vector env
+of one's own, ``--init-from``, ``--video-every``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+from ..config.members import Member, member_configs, parse_seeds, parse_sweep
+from ..config.settings import ConfigError, PPOConfig
+
+__all__ = ["run_members", "add_member_flags", "check_members", "is_population", "members_result", "PLAN"]
+
+PLAN = "members.json"
+"""The population directory's plan: what ``--resume`` rebuilds the members from."""
+
+
+def add_member_flags(p) -> None:
+    p.add_argument(
+        "--seeds",
+        default=None,
+        metavar="K|S1,S2,...",
+        help="train K members at once on one engine, seeds --seed .. --seed+K-1 (or the seeds listed), "
+        "each its own run in the run directory",
+    )
+    p.add_argument(
+        "--sweep",
+        action="append",
+        default=None,
+        metavar="KEY=V1,V2,...",
+        help="members for each value (repeatable: the grid of the keys' values), times the seeds; "
+        "scalar hyperparameters only, e.g. --sweep lr=1e-4,3e-4,1e-3",
+    )
+
+
+def is_population(run_dir: str | None) -> bool:
+    """Whether ``run_dir`` is a population's directory (it holds ``members.json``)."""
+    return bool(run_dir) and os.path.isfile(os.path.join(run_dir, PLAN))
+
+
+def check_members(cfg: PPOConfig, env_id: str | None, *, nproc: int = 1, mix=None, backend="engine", init=None) -> None:
+    """ConfigError (one line, before any process starts) where members cannot serve the run."""
+    from ...env_ids import is_pettingzoo
+
+    why = None
+    if cfg.pipeline == "async":
+        why = "pipeline=async (members learn in lock-step: --set pipeline=lockstep)"
+    elif nproc > 1:
+        why = f"--nproc {nproc} (members share one process; run the ranks' runs one by one)"
+    elif cfg.policy_core != "none":
+        why = f"a recurrent core (policy_core={cfg.policy_core})"
+    elif is_pettingzoo(env_id):
+        why = "PettingZoo agent rows"
+    elif mix:
+        why = "--mix (each member's envs are one env id's)"
+    elif backend != "engine":
+        why = f"--backend {backend} (members run on this machine's engine)"
+    elif init is not None:
+        why = "--init-from (members start from their own seeds' weights)"
+    elif cfg.env_groups != 1:
+        why = f"env_groups={cfg.env_groups} (members step every env together)"
+    elif cfg.video_every:
+        why = f"--video-every {cfg.video_every} (videos film a run alone; film a member with fastvec eval --video)"
+    if why is not None:
+        raise ConfigError(f"--seeds/--sweep: members cannot train with {why}")
+
+
+def _plan(env_id, env_kwargs, cfg: PPOConfig, seeds: list[int], sweep: dict) -> dict:
+    return {"env_id": env_id, "env_kwargs": env_kwargs, "config": cfg.to_dict(), "seeds": seeds, "sweep": sweep}
+
+
+def _resumed_plan(run_dir: str, changes=None) -> tuple[dict, PPOConfig]:
+    """The population's plan and config, with ``changes`` (a function that applies the
+    command line's safe changes to a config) applied and checked."""
+    from ..config.overrides import check_resume_config
+
+    with open(os.path.join(run_dir, PLAN)) as f:
+        plan = json.load(f)
+    run_cfg = PPOConfig.from_dict(plan["config"])
+    cfg = PPOConfig.from_dict(plan["config"])
+    if changes is not None:
+        changes(cfg)
+    check_resume_config(run_cfg, cfg)
+    return plan, cfg.validate()
+
+
+def _member_state(member: Member, run_dir: str, cfg: PPOConfig):
+    """``(checkpoint to resume or None, finished)`` of a resumed population's member."""
+    from ..algo.checkpoints import resume_checkpoint
+
+    path = os.path.join(run_dir, member.label)
+    result = None
+    if os.path.isfile(os.path.join(path, "result.json")):
+        with open(os.path.join(path, "result.json")) as f:
+            result = json.load(f)
+    if result and not result.get("interrupted") and (result.get("solved") or result["env_steps"] >= cfg.total_steps):
+        return None, True
+    try:
+        return resume_checkpoint(path)[1], False
+    except ValueError:  # killed before its first checkpoint: it starts again
+        return None, False
+
+
+def run_members(
+    env_id: str | None = None,
+    config: PPOConfig | None = None,
+    *,
+    seeds: int | str | list[int] = 1,
+    sweep: dict | list[str] | None = None,
+    run_dir: str,
+    env_kwargs: dict | None = None,
+    progress: bool = True,
+    tensorboard: bool = True,
+    resume: bool = False,
+    changes=None,
+    stop=None,
+) -> dict:
+    """Train the members of ``config`` on ``env_id`` at once: ``seeds`` (a count K, seeds
+    ``config.seed .. + K - 1``, or a list of seeds) times the grid ``sweep`` (``{key:
+    [values]}`` or ``["key=v1,v2", ...]``), into ``run_dir`` (see the module's docstring).
+    ``resume``: continue the population in ``run_dir`` (``env_id``, ``config``, ``seeds``
+    and ``sweep`` are its own; ``changes(cfg)`` may change safe keys). ``stop``: asked at
+    every safe point. Returns ``members_result``'s dict."""
+    from ..compute.torch_state import warm_up_torch
+    from ..config.presets import check_env
+    from ..run.members import train_members
+    from ..storage.member_rows import MemberEnvs
+    from .launch import build_storage, settle_mask_source
+
+    env_id, env_kwargs, cfg, seed_list, grid = _settle(
+        env_id, env_kwargs, config=config, seeds=seeds, sweep=sweep, run_dir=run_dir, resume=resume, changes=changes
+    )
+    check_members(cfg, env_id)
+    check_env(env_id, env_kwargs)
+    cfg = settle_mask_source(cfg, env_id, env_kwargs)  # (as a run alone records it)
+    members = member_configs(cfg, seed_list, grid)
+    states = [_member_state(m, run_dir, m.cfg) for m in members] if resume else [(None, False)] * len(members)
+    if not resume:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, PLAN), "w") as f:
+            json.dump(_plan(env_id, env_kwargs, cfg, seed_list, grid), f, indent=1)
+    monitors = _monitors(members, states, run_dir, tensorboard)
+    warm_up_torch()
+    t_start = time.perf_counter()
+    K, N = len(members), cfg.num_envs
+    try:
+        storage = build_storage(
+            env_id, PPOConfig.from_dict({**cfg.to_dict(), "num_envs": K * N}), env_kwargs=env_kwargs
+        )
+    except BaseException:
+        for mon in monitors:
+            mon.close()
+        raise
+    results = train_members(
+        members,
+        MemberEnvs(storage, K),
+        monitors,
+        env_id=env_id,
+        env_kwargs=env_kwargs,
+        resumes=[s[0] for s in states],
+        done=[s[1] for s in states],
+        stop=stop,
+        progress=progress,
+        t_start=t_start,
+    )
+    return members_result(members, results, run_dir, time.perf_counter() - t_start)
+
+
+def _settle(env_id, env_kwargs, *, config, seeds, sweep, run_dir: str, resume: bool, changes):
+    """``run_members``' arguments settled: ``(env_id, env_kwargs, config, seeds, sweep)``,
+    a resumed population's own (its config with ``changes``)."""
+    if resume:
+        plan, cfg = _resumed_plan(run_dir, changes)
+        return plan["env_id"], plan["env_kwargs"], cfg, plan["seeds"], plan["sweep"]
+    if is_population(run_dir):
+        raise ValueError(f"{run_dir} holds a population already: continue it with --resume {run_dir}")
+    cfg = (config or PPOConfig()).validate()
+    grid = parse_sweep(sweep) if isinstance(sweep, list) else parse_sweep(_sweep_items(sweep))
+    return env_id, env_kwargs, cfg, parse_seeds(seeds, cfg.seed), grid
+
+
+def _monitors(members: list[Member], states: list, run_dir: str, tensorboard: bool) -> list:
+    """Each member's monitor, in its run directory (continuing where its checkpoint was)."""
+    from ..run.monitor import Monitor
+
+    return [
+        Monitor(
+            os.path.join(run_dir, m.label),
+            tensorboard=tensorboard,
+            resume_step=None if ckpt is None else int(ckpt["train_state"]["env_steps"]),
+        )
+        for m, (ckpt, _done) in zip(members, states)
+    ]
+
+
+def _sweep_items(sweep: dict | None) -> list[str]:
+    return [f"{k}={','.join(map(str, v))}" for k, v in (sweep or {}).items()]
+
+
+def members_result(members: list[Member], results: list[dict | None], run_dir: str, wall: float) -> dict:
+    """The population's result, written to ``run_dir/result.json``: every member's (read
+    back from its directory where it finished before a resume), the population's wall
+    time, env steps and where the time went, and the comparison of its groups
+    (``fastvec.report``: ``report.md``, ``report.json``, ``report.png`` beside it; for a
+    group of one member the scores only, no interval)."""
+    from ... import report
+
+    for k, m in enumerate(members):
+        if results[k] is None:
+            with open(os.path.join(run_dir, m.label, "result.json")) as f:
+                results[k] = json.load(f)
+    times = {
+        k: round(sum(r["time_breakdown"][k] for r in results if r["time_breakdown"]), 4)
+        for k in ("act", "prepare", "learn")
+    }
+    times["env"] = max(
+        r["time_breakdown"]["env"] for r in results
+    )  # (one engine: every member's env time is the same wait)
+    steps = sum(r["env_steps"] for r in results)
+    out = {
+        "env_id": results[0]["env_id"],
+        "members": len(members),
+        "labels": [m.label for m in members],
+        "solved": all(r["solved"] for r in results),
+        "env_steps": steps,
+        "wall_seconds": round(wall, 4),
+        "sps": round(steps / wall, 1) if wall > 0 else None,
+        "time_breakdown": times,
+        "interrupted": any(r["interrupted"] for r in results),
+        "run_dir": run_dir,
+        "results": results,
+    }
+    groups: dict[str, list] = {}
+    for m in members:
+        groups.setdefault(m.group, []).append(report.read_run(os.path.join(run_dir, m.label)))
+    # (a member with no finished episode, or one that diverged, has no score to compare)
+    scored = all(r["final_mean_return"] is not None and math.isfinite(r["final_mean_return"]) for r in results)
+    if scored and all(len(g) > 1 for g in groups.values()):
+        rep = report.make_report(groups)
+        out["aggregate"] = {
+            name: {k: g[k] for k in ("n", "scores", "mean", "median", "iqm")} for name, g in rep["groups"].items()
+        }
+        out["improvement"] = rep["improvement"]
+        with open(os.path.join(run_dir, "report.md"), "w") as f:
+            f.write(report.render_markdown(rep))
+        with open(os.path.join(run_dir, "report.json"), "w") as f:
+            json.dump(rep, f, indent=1)
+        report.plot(rep, os.path.join(run_dir, "report.png"))
+    else:
+        out["aggregate"] = {m.group: {"n": 1, "scores": [r["final_mean_return"]]} for m, r in zip(members, results)}
+    with open(os.path.join(run_dir, "result.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    return out
+
+
+def members_call(args, build_config, apply_flags):
+    """``fastvec train``'s flags for members, checked (ConfigError or ValueError, one line,
+    before any process starts): the call that runs them, given the stop request.
+    ``build_config(env_id, args)`` builds a new population's config; ``apply_flags(cfg)``
+    applies the command line's changes to a resumed one's."""
+    from ..config.presets import check_env_id
+    from ..run.monitor import default_run_dir
+
+    if getattr(args, "track", None):
+        raise ValueError(
+            "--seeds/--sweep: members cannot train with --track yet (each member's run directory has TensorBoard's events)"
+        )
+    if args.resume is not None:
+        if not is_population(args.resume):
+            raise ValueError(f"--seeds/--sweep: {args.resume} is a run alone; continue it without them")
+        if args.seeds is not None or args.sweep is not None:
+            raise ValueError("--resume continues the population's members; drop --seeds and --sweep")
+        _resumed_plan(args.resume, apply_flags)  # (the changes checked here)
+        run_dir, env_id, cfg, resume = args.resume, None, None, True
+    else:
+        if args.env_id is None:
+            raise ValueError("give an env id (e.g. CartPole-v1) or --resume RUN_DIR")
+        check_env_id(args.env_id)
+        cfg = build_config(args.env_id, args)
+        check_members(cfg, args.env_id, nproc=args.nproc or 1, mix=args.mix, backend=args.backend, init=args.init_from)
+        member_configs(cfg, parse_seeds(args.seeds or 1, cfg.seed), parse_sweep(args.sweep or []))
+        run_dir = args.logdir or default_run_dir(args.env_id, cfg.seed) + "-members"
+        if is_population(run_dir):
+            raise ValueError(f"{run_dir} holds a population already: continue it with --resume {run_dir}")
+        env_id, resume = args.env_id, False
+    return lambda stop: run_members(
+        env_id,
+        cfg,
+        seeds=args.seeds or 1,
+        sweep=args.sweep or [],
+        run_dir=run_dir,
+        env_kwargs=args.env_kwargs,
+        progress=not args.no_progress,
+        tensorboard=not args.no_tensorboard,
+        resume=resume,
+        changes=apply_flags,
+        stop=stop,
+    )
+
+
+def member_path(path: str, which: str | None) -> tuple[str, str | None]:
+    """``fastvec eval --member``: the run directory of a population's member (``which``:
+    its index from 0, its label, or ``best``, the highest final mean return among those
+    finished) and its label; ``(path, None)`` without ``which``. ValueError (one line)
+    where ``path`` is no population or names no such member."""
+    if which is None:
+        return path, None
+    if not is_population(path):
+        raise ValueError(f"--member needs a population's run directory (fastvec train --seeds); {path} is none")
+    with open(os.path.join(path, PLAN)) as f:
+        plan = json.load(f)
+    labels = [m.label for m in member_configs(PPOConfig.from_dict(plan["config"]), plan["seeds"], plan["sweep"])]
+    if which == "best":
+        scores = {}
+        for label in labels:
+            result = os.path.join(path, label, "result.json")
+            if os.path.isfile(result):
+                with open(result) as f:
+                    score = json.load(f).get("final_mean_return")
+                if score is not None:
+                    scores[label] = score
+        if not scores:
+            raise ValueError(f"--member best: no member of {path} has finished with a mean return yet")
+        label = max(scores, key=scores.__getitem__)
+    elif which in labels:
+        label = which
+    elif which.isdigit() and int(which) < len(labels):
+        label = labels[int(which)]
+    else:
+        raise ValueError(
+            f"--member {which}: {path} has members 0..{len(labels) - 1} ({', '.join(labels[:4])}, ...) and best"
+        )
+    return os.path.join(path, label), label

@@ -1,0 +1,243 @@
+"""Members: K runs trained at once on one engine (``fastvec train --seeds K --sweep ...``).
+
+The reference is the run alone: member k of a population must compute what
+``run_training`` computes with its seed and settings, to the bit (the same code acts and
+learns for it, with its own random numbers), whatever the other members do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import fastvec
+from fastvec.train import PPOConfig, apply_overrides, load_checkpoint, preset_for, run_training
+from fastvec.train.algo.population import Population
+from fastvec.train.commands.members import run_members
+from fastvec.train.config.members import member_configs, parse_seeds, parse_sweep
+from fastvec.train.config.settings import ConfigError
+
+
+def _cfg(env_id: str, **over) -> PPOConfig:
+    cfg = PPOConfig()
+    apply_overrides(cfg, preset_for(env_id))
+    apply_overrides(cfg, {"num_envs": 4, "num_workers": 1, "n_steps": 16, "minibatch_size": 32, "n_epochs": 2})
+    apply_overrides(cfg, {"checkpoint_every": 0, "total_steps": 4 * 16 * 4, **over})
+    return cfg.validate()
+
+
+def _solo(tmp_path, env_id, cfg, seed, name="solo"):
+    c = PPOConfig.from_dict({**cfg.to_dict(), "seed": seed})
+    d = str(tmp_path / f"{name}-{seed}")
+    run_training(env_id, c, run_dir=d, progress=False, tensorboard=False)
+    return load_checkpoint(os.path.join(d, "checkpoint.pt"))
+
+
+def _assert_same_run(a: dict, b: dict) -> None:
+    """Weights (with the observation normaliser), Adam's moments and step, the reward
+    normaliser, counters and episode statistics, bit for bit."""
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for k in a["state_dict"]:
+        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
+    sa, sb = a["train_state"], b["train_state"]
+    for k in ("m", "v"):
+        assert torch.equal(sa["optimizer"][k], sb["optimizer"][k]), k
+    assert sa["optimizer"]["t"] == sb["optimizer"]["t"] > 0
+    for k in ("env_steps", "updates", "grad_steps", "learn_samples", "tracker", "curve", "env_seeding"):
+        assert sa[k] == sb[k], k
+    assert json.dumps(sa["reward_scaler"], default=repr) == json.dumps(sb["reward_scaler"], default=repr)
+    assert torch.equal(sa["rng"]["torch"], sb["rng"]["torch"])
+
+
+@pytest.mark.parametrize(
+    "env_id,over",
+    [
+        ("CartPole-v1", {}),
+        ("Pendulum-v1", {"normalize_obs": True, "normalize_reward": True, "target_kl": 0.01, "total_steps": 1024}),
+    ],
+)
+def test_a_member_is_its_run_alone(tmp_path, env_id, over):
+    cfg = _cfg(env_id, **over)
+    pop = run_members(env_id, cfg, seeds=[3, 7], run_dir=str(tmp_path / "pop"), progress=False, tensorboard=False)
+    assert pop["labels"] == ["seed-3", "seed-7"]
+    for seed in (3, 7):
+        member = load_checkpoint(str(tmp_path / "pop" / f"seed-{seed}" / "checkpoint.pt"))
+        solo = _solo(tmp_path, env_id, cfg, seed)
+        assert member["train_state"]["tracker"]["episodes"] > 0
+        _assert_same_run(member, solo)
+
+
+def test_a_sweep_member_is_its_run_alone_with_its_setting(tmp_path):
+    cfg = _cfg("CartPole-v1")
+    d = tmp_path / "pop"
+    pop = run_members(
+        "CartPole-v1", cfg, seeds=[1, 2], sweep={"lr": [1e-3, 5e-3]}, run_dir=str(d), progress=False, tensorboard=False
+    )
+    assert pop["labels"] == ["lr=0.001,seed-1", "lr=0.001,seed-2", "lr=0.005,seed-1", "lr=0.005,seed-2"]
+    assert set(pop["aggregate"]) == {"lr=0.001", "lr=0.005"}
+    for name, g in pop["aggregate"].items():
+        assert g["n"] == 2
+        low, high = min(g["scores"]), max(g["scores"])
+        assert low <= g["mean"][0] <= high and g["mean"][1] <= g["mean"][0] <= g["mean"][2], name
+    assert 0.0 <= pop["improvement"]["lr=0.001"]["lr=0.005"][0] <= 1.0
+    assert os.path.isfile(d / "report.md") and os.path.isfile(d / "report.png")
+    solo = _solo(tmp_path, "CartPole-v1", PPOConfig.from_dict({**cfg.to_dict(), "lr": 5e-3}), 2)
+    _assert_same_run(load_checkpoint(str(d / "lr=0.005,seed-2" / "checkpoint.pt")), solo)
+
+
+def test_garbage_in_one_members_rows_leaves_the_others_bit_for_bit(tmp_path, monkeypatch):
+    cfg = _cfg("Pendulum-v1", normalize_obs=True, normalize_reward=True, total_steps=1024)
+    run_members("Pendulum-v1", cfg, seeds=[1, 2], run_dir=str(tmp_path / "clean"), progress=False, tensorboard=False)
+    collect = Population.collect
+
+    def spoil_member_1(self, members):
+        collect(self, members)
+        rows = self.envs.rows[1]
+        for a in (rows.obs, rows.final_obs, rows.rewards, rows.act):
+            a[...] = np.nan if a.dtype.kind == "f" else 7
+        rows.terminated[...] = True
+
+    monkeypatch.setattr(Population, "collect", spoil_member_1)
+    run_members("Pendulum-v1", cfg, seeds=[1, 2], run_dir=str(tmp_path / "spoilt"), progress=False, tensorboard=False)
+    clean = load_checkpoint(str(tmp_path / "clean" / "seed-1" / "checkpoint.pt"))
+    spoilt = load_checkpoint(str(tmp_path / "spoilt" / "seed-1" / "checkpoint.pt"))
+    _assert_same_run(spoilt, clean)
+    hurt = load_checkpoint(str(tmp_path / "spoilt" / "seed-2" / "checkpoint.pt"))
+    unhurt = load_checkpoint(str(tmp_path / "clean" / "seed-2" / "checkpoint.pt"))
+    assert not torch.equal(hurt["state_dict"]["obs_norm.mean"], unhurt["state_dict"]["obs_norm.mean"])
+
+
+def test_a_resumed_population_continues_each_member_as_its_run_alone_resumes(tmp_path):
+    cfg = _cfg("CartPole-v1")
+    d = str(tmp_path / "pop")
+    run_members("CartPole-v1", cfg, seeds=[4, 5], run_dir=d, progress=False, tensorboard=False)
+
+    def longer(c):
+        c.total_steps = 2 * cfg.total_steps
+
+    pop = run_members(run_dir=d, resume=True, changes=longer, progress=False, tensorboard=False)
+    assert [r["env_steps"] for r in pop["results"]] == [2 * cfg.total_steps] * 2
+    assert all(r["resumed"] for r in pop["results"])
+    for seed in (4, 5):
+        solo_dir = str(tmp_path / f"solo-{seed}")
+        _solo(tmp_path, "CartPole-v1", cfg, seed)
+        longer_cfg = PPOConfig.from_dict({**cfg.to_dict(), "seed": seed, "total_steps": 2 * cfg.total_steps})
+        run_training(None, longer_cfg, run_dir=solo_dir, resume=solo_dir, progress=False, tensorboard=False)
+        member = load_checkpoint(os.path.join(d, f"seed-{seed}", "checkpoint.pt"))
+        _assert_same_run(member, load_checkpoint(os.path.join(solo_dir, "checkpoint.pt")))
+
+
+def test_a_solved_member_stops_and_the_others_go_on(tmp_path):
+    cfg = _cfg("CartPole-v1", stop_at_return=30.0, total_steps=20_000)
+    pop = run_members(
+        "CartPole-v1", cfg, seeds=[1, 2, 3], run_dir=str(tmp_path / "p"), progress=False, tensorboard=False
+    )
+    for seed, r in zip((1, 2, 3), pop["results"]):
+        assert r["solved"] and r["final_mean_return"] >= 30.0
+        solo = _solo(tmp_path, "CartPole-v1", cfg, seed)
+        assert r["env_steps"] == solo["env_steps"] < 20_000  # stopped where its run alone stops
+
+
+# ------------------------------------------------------------------ bad input
+def test_seeds_and_sweeps_parse_and_refuse_in_one_line():
+    assert parse_seeds("3", 10) == [10, 11, 12]
+    assert parse_seeds("5,1,9", 0) == [5, 1, 9]
+    assert parse_seeds([4], 0) == [4]
+    for bad in ("0", "-2", "a", "1,1", "1,-1", ","):
+        with pytest.raises(ConfigError, match="--seeds"):
+            parse_seeds(bad, 0)
+    assert parse_sweep(["lr=1e-4,3e-4", "clip_coef=0.1,0.2"]) == {"lr": [1e-4, 3e-4], "clip_coef": [0.1, 0.2]}
+    for bad, match in (
+        (["nope=1,2"], "unknown config key 'nope'"),
+        (["lr=fast,1"], "bad value for lr"),
+        (["num_envs=4,8"], "num_envs shapes what the members share"),
+        (["hidden=64,32"], "hidden shapes"),
+        (["seed=1,2"], "--seeds"),
+        (["lr=1e-3,1e-3"], "repeats a value"),
+        (["lr=1e-3", "lr=2e-3"], "twice"),
+        (["lr"], "KEY=V1,V2"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            parse_sweep(bad)
+    members = member_configs(PPOConfig(), [1, 2], {"gamma": [0.9, 0.99], "ent_coef": [0.0, 0.01]})
+    assert len(members) == 8 and members[0].label == "gamma=0.9,ent_coef=0,seed-1"
+    assert [(m.cfg.gamma, m.cfg.ent_coef, m.cfg.seed) for m in members[:3]] == [
+        (0.9, 0.0, 1),
+        (0.9, 0.0, 2),
+        (0.9, 0.01, 1),
+    ]
+    with pytest.raises(ConfigError, match="--sweep setting"):
+        member_configs(PPOConfig(), [1], {"gamma": [0.9, 1.5]})
+
+
+def _cli(args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "fastvec", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(fastvec.__file__))},
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--seeds", "0"], "--seeds must be a member count >= 1"),
+        (["--seeds", "two"], "--seeds must be a member count like 8"),
+        (["--sweep", "lr=1e-3,x"], "bad value for lr"),
+        (["--sweep", "nope=1,2"], "unknown config key"),
+        (["--sweep", "n_steps=16,32"], "n_steps shapes"),
+        (["--seeds", "2", "--set", "pipeline=async"], "members cannot train with pipeline=async"),
+        (["--seeds", "2", "--nproc", "2"], "members cannot train with --nproc 2"),
+        (["--seeds", "2", "--set", "policy_core=lstm"], "members cannot train with a recurrent core"),
+        (["--seeds", "2", "--mix", "count=4", "--mix", "count=4"], "members cannot train with --mix"),
+        (["--seeds", "2", "--backend", "ray"], "members cannot train with --backend ray"),
+        (["--seeds", "2", "--video-every", "2048"], "members cannot train with --video-every 2048"),
+    ],
+)
+def test_the_command_refuses_what_members_do_not_do_in_one_line(tmp_path, args, message):
+    p = _cli(["train", "CartPole-v1", "--no-progress", "--logdir", str(tmp_path / "p"), *args], tmp_path)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fastvec train: error:") and message in lines[0], p.stderr
+    assert not os.path.exists(tmp_path / "p")  # refused before anything started
+
+
+def test_the_command_trains_members_and_eval_takes_one(tmp_path):
+    d = tmp_path / "pop"
+    p = _cli(
+        ["train", "CartPole-v1", "--seeds", "2", "--num-envs", "4", "--total-steps", "1024", "--no-progress"]
+        + ["--no-tensorboard", "--logdir", str(d)],
+        tmp_path,
+    )
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["members"] == 2 and out["labels"] == ["seed-0", "seed-1"]
+    assert [r["env_steps"] for r in out["results"]] == [1024, 1024]
+    with open(d / "result.json") as f:
+        assert json.load(f)["labels"] == out["labels"]
+    again = _cli(["train", "CartPole-v1", "--seeds", "2", "--logdir", str(d)], tmp_path)
+    assert again.returncode == 2 and "holds a population already" in again.stderr
+    for member in ("1", "seed-1"):
+        ev = _cli(["eval", str(d), "--member", member, "--episodes", "2"], tmp_path)
+        assert ev.returncode == 0, ev.stderr
+        solo = _cli(["eval", str(d / "seed-1"), "--episodes", "2"], tmp_path)
+        one = json.loads(ev.stdout.strip().splitlines()[-1])
+        assert one.pop("member") == "seed-1"
+        alone = json.loads(solo.stdout.strip().splitlines()[-1])
+        assert one.pop("wall_seconds") > 0 and alone.pop("wall_seconds") > 0
+        assert one == alone
+    best = max(out["results"], key=lambda r: r["final_mean_return"])
+    ev = _cli(["eval", str(d), "--member", "best", "--episodes", "2"], tmp_path)
+    assert ev.returncode == 0, ev.stderr
+    assert json.loads(ev.stdout.strip().splitlines()[-1])["member"] == os.path.basename(best["run_dir"])
+    bad = _cli(["eval", str(d), "--member", "7"], tmp_path)
+    assert bad.returncode == 2 and "member 7" in bad.stderr
