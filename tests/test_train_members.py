@@ -39,19 +39,31 @@ def _solo(tmp_path, env_id, cfg, seed, name="solo"):
     return load_checkpoint(os.path.join(d, "checkpoint.pt"))
 
 
-def _assert_same_run(a: dict, b: dict) -> None:
+def _assert_same_run(a: dict, b: dict, exact: bool = True) -> None:
     """Weights (with the observation normaliser), Adam's moments and step, the reward
-    normaliser, counters and episode statistics, bit for bit."""
+    normaliser, counters and episode statistics: bit for bit, or (``exact=False``: the
+    members learned at once, whose batched arithmetic rounds apart) to float tolerance."""
+
+    def same(x, y, what):
+        x, y = torch.as_tensor(np.asarray(x, dtype=np.float64)), torch.as_tensor(np.asarray(y, dtype=np.float64))
+        assert torch.equal(x, y) if exact else torch.allclose(x, y, rtol=1e-4, atol=1e-6), what
+
     assert a["state_dict"].keys() == b["state_dict"].keys()
     for k in a["state_dict"]:
-        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
+        same(a["state_dict"][k], b["state_dict"][k], k)
     sa, sb = a["train_state"], b["train_state"]
     for k in ("m", "v"):
-        assert torch.equal(sa["optimizer"][k], sb["optimizer"][k]), k
+        same(sa["optimizer"][k], sb["optimizer"][k], k)
     assert sa["optimizer"]["t"] == sb["optimizer"]["t"] > 0
-    for k in ("env_steps", "updates", "grad_steps", "learn_samples", "tracker", "curve", "env_seeding"):
+    for k in ("env_steps", "updates", "grad_steps", "learn_samples", "env_seeding"):
         assert sa[k] == sb[k], k
-    assert json.dumps(sa["reward_scaler"], default=repr) == json.dumps(sb["reward_scaler"], default=repr)
+    ta, tb = sa["tracker"], sb["tracker"]
+    assert ta["episodes"] == tb["episodes"] and ta["recent_lengths"] == tb["recent_lengths"]
+    same(ta["recent_returns"], tb["recent_returns"], "returns")
+    same([r for _, r in sa["curve"]], [r for _, r in sb["curve"]], "curve")
+    if sa["reward_scaler"] is not None:
+        for k, v in sa["reward_scaler"].items():
+            same(v, sb["reward_scaler"][k], f"reward_scaler {k}")
     assert torch.equal(sa["rng"]["torch"], sb["rng"]["torch"])
 
 
@@ -59,6 +71,7 @@ def _assert_same_run(a: dict, b: dict) -> None:
     "env_id,over",
     [
         ("CartPole-v1", {}),
+        ("CartPole-v1", {"learner": "torch"}),
         ("Pendulum-v1", {"normalize_obs": True, "normalize_reward": True, "target_kl": 0.01, "total_steps": 1024}),
     ],
 )
@@ -66,11 +79,13 @@ def test_a_member_is_its_run_alone(tmp_path, env_id, over):
     cfg = _cfg(env_id, **over)
     pop = run_members(env_id, cfg, seeds=[3, 7], run_dir=str(tmp_path / "pop"), progress=False, tensorboard=False)
     assert pop["labels"] == ["seed-3", "seed-7"]
+    at_once = over.get("learner") != "torch"  # (autograd's members learn one by one, as alone)
+    assert pop["learned_at_once"] is at_once
     for seed in (3, 7):
         member = load_checkpoint(str(tmp_path / "pop" / f"seed-{seed}" / "checkpoint.pt"))
         solo = _solo(tmp_path, env_id, cfg, seed)
         assert member["train_state"]["tracker"]["episodes"] > 0
-        _assert_same_run(member, solo)
+        _assert_same_run(member, solo, exact=not at_once)
 
 
 def test_a_sweep_member_is_its_run_alone_with_its_setting(tmp_path):
@@ -88,7 +103,7 @@ def test_a_sweep_member_is_its_run_alone_with_its_setting(tmp_path):
     assert 0.0 <= pop["improvement"]["lr=0.001"]["lr=0.005"][0] <= 1.0
     assert os.path.isfile(d / "report.md") and os.path.isfile(d / "report.png")
     solo = _solo(tmp_path, "CartPole-v1", PPOConfig.from_dict({**cfg.to_dict(), "lr": 5e-3}), 2)
-    _assert_same_run(load_checkpoint(str(d / "lr=0.005,seed-2" / "checkpoint.pt")), solo)
+    _assert_same_run(load_checkpoint(str(d / "lr=0.005,seed-2" / "checkpoint.pt")), solo, exact=False)
 
 
 def test_garbage_in_one_members_rows_leaves_the_others_bit_for_bit(tmp_path, monkeypatch):
@@ -130,7 +145,7 @@ def test_a_resumed_population_continues_each_member_as_its_run_alone_resumes(tmp
         longer_cfg = PPOConfig.from_dict({**cfg.to_dict(), "seed": seed, "total_steps": 2 * cfg.total_steps})
         run_training(None, longer_cfg, run_dir=solo_dir, resume=solo_dir, progress=False, tensorboard=False)
         member = load_checkpoint(os.path.join(d, f"seed-{seed}", "checkpoint.pt"))
-        _assert_same_run(member, load_checkpoint(os.path.join(solo_dir, "checkpoint.pt")))
+        _assert_same_run(member, load_checkpoint(os.path.join(solo_dir, "checkpoint.pt")), exact=False)
 
 
 def test_a_solved_member_stops_and_the_others_go_on(tmp_path):

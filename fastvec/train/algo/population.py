@@ -23,6 +23,7 @@ import torch
 
 from ..compute.torch_state import rng_state, set_rng_state
 from ..storage.member_rows import MemberEnvs
+from .stacked import StackedMembers
 
 __all__ = ["Population"]
 
@@ -38,6 +39,7 @@ class Population:
         self.ppos: list = [None] * self.size
         self._rng: list[dict | None] = [None] * self.size
         self._current: int | None = None
+        self._stacked: StackedMembers | None = None
 
     def seed(self, k: int, seed: int) -> None:
         """Member k's random numbers start as a run alone's with ``seed`` (torch's and
@@ -69,6 +71,28 @@ class Population:
     def freeze_actions(self, k: int, action) -> None:
         """Member k acts no more: its envs step on ``action`` (a valid one of the space)."""
         self.envs.rows[k].act[...] = np.asarray(action, dtype=self.envs.rows[k].act.dtype)
+
+    def stack(self) -> str | None:
+        """From now on the members learn at once where they can
+        (``fastvec.train.algo.stacked``); None if they do, else why they learn one by one."""
+        ppos = {k: ppo for k, ppo in enumerate(self.ppos) if ppo is not None}
+        self._stacked = StackedMembers.adopt(ppos)
+        return None if self._stacked is not None else (StackedMembers.why_not(list(ppos.values())) or "one member")
+
+    def learn(self, members: list[int]) -> None:
+        """The members named learn from the rollout just collected: each its targets,
+        then their updates (at once where stacked, else one by one), each with its own
+        random numbers."""
+        for k in members:
+            with self.as_member(k):
+                self.ppos[k].prepare()
+        # (the batched pass computes every member's rows: worth it while most learn)
+        if self._stacked is not None and 1 < len(members) and 2 * len(members) > len(self._stacked.row):
+            self._stacked.update(members, self.as_member)
+            return
+        for k in members:
+            with self.as_member(k):
+                self.ppos[k].update()
 
     def collect(self, members: list[int]) -> None:
         """One rollout of T steps on every env: the members named act (each its

@@ -168,7 +168,7 @@ def run_members(
         for mon in monitors:
             mon.close()
         raise
-    results = train_members(
+    trained = train_members(
         members,
         MemberEnvs(storage, K),
         monitors,
@@ -180,7 +180,8 @@ def run_members(
         progress=progress,
         t_start=t_start,
     )
-    return members_result(members, results, run_dir, time.perf_counter() - t_start)
+    wall = time.perf_counter() - t_start
+    return members_result(members, trained["results"], run_dir, wall, one_by_one=trained["one_by_one"])
 
 
 def _settle(env_id, env_kwargs, *, config, seeds, sweep, run_dir: str, resume: bool, changes):
@@ -214,7 +215,9 @@ def _sweep_items(sweep: dict | None) -> list[str]:
     return [f"{k}={','.join(map(str, v))}" for k, v in (sweep or {}).items()]
 
 
-def members_result(members: list[Member], results: list[dict | None], run_dir: str, wall: float) -> dict:
+def members_result(
+    members: list[Member], results: list[dict | None], run_dir: str, wall: float, one_by_one: str | None = None
+) -> dict:
     """The population's result, written to ``run_dir/result.json``: every member's (read
     back from its directory where it finished before a resume), the population's wall
     time, env steps and where the time went, and the comparison of its groups
@@ -244,6 +247,9 @@ def members_result(members: list[Member], results: list[dict | None], run_dir: s
         "sps": round(steps / wall, 1) if wall > 0 else None,
         "time_breakdown": times,
         "interrupted": any(r["interrupted"] for r in results),
+        # the members' updates: at once (fastvec.train.algo.stacked), or one by one and why
+        "learned_at_once": one_by_one is None,
+        "one_by_one": one_by_one,
         "run_dir": run_dir,
         "results": results,
     }

@@ -25,6 +25,7 @@ import time
 from ..algo.population import Population
 from ..compute.torch_state import resolve_device
 from ..config.members import Member
+from ..pipelines.ring import start_where_left
 from ..storage.member_rows import MemberEnvs
 from .loop import Run
 
@@ -43,10 +44,11 @@ def train_members(
     stop=None,
     progress: bool = True,
     t_start: float | None = None,
-) -> list[dict | None]:
+) -> dict:
     """Train ``members`` on ``envs`` (their rows, member k's ``envs.rows[k]``), member k
-    logging to ``monitors[k]``; returns each member's result (None for a member that was
-    ``done`` before: a resumed population's finished members, whose envs only step).
+    logging to ``monitors[k]``; returns ``{"results": each member's result (None for a
+    member that was ``done`` before: a resumed population's finished members, whose envs
+    only step), "one_by_one": why the members learned one by one (None: at once)}``.
     ``resumes[k]``: member k's checkpoint to continue (None: it starts afresh). Closes
     the envs and the monitors."""
     K = len(members)
@@ -62,7 +64,7 @@ def train_members(
         raise
     finally:
         envs.close()
-    return pop.results
+    return {"results": pop.results, "one_by_one": pop.one_by_one}
 
 
 class Members:
@@ -76,6 +78,7 @@ class Members:
         self.runs: list[Run | None] = [None] * len(members)
         self.results: list[dict | None] = [None] * len(members)
         self.running: list[int] = []
+        self.one_by_one: str | None = None  # why the members learn one by one (None: at once)
 
     def start(self, t_start: float, done: list[bool], progress: bool) -> None:
         """Each member's run started (its trainer, its seeds given), in turn with its own
@@ -108,6 +111,7 @@ class Members:
                 run.start(self.resumes[k], progress and not self.running)
             pop.ppos[k] = run.ppo
             self.running.append(k)
+        self.one_by_one = pop.stack() if self.running else None
         envs.reset_all()
 
     def loop(self, stop) -> None:
@@ -124,9 +128,10 @@ class Members:
             learning = []
             for k in going:
                 learning.append(k) if runs[k].collected() else self._end(k)
+            pop.learn(learning)
             for k in learning:
-                with pop.as_member(k):
-                    runs[k].schedule.learn()
+                rows = self.envs.rows[k]
+                start_where_left(rows, rows, runs[k].ppo.T)  # (what the run alone's LockStep.learn ends with)
                 runs[k].learned()
             self.running = learning
 
