@@ -21,11 +21,21 @@ import time
 import numpy as np
 import torch
 
-from ..compute.torch_state import rng_state, set_rng_state
 from ..storage.member_rows import MemberEnvs
 from .stacked import StackedMembers
 
 __all__ = ["Population"]
+
+
+def _torch_rng() -> tuple:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_torch_rng(state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state_all(state[1])
 
 
 class Population:
@@ -37,36 +47,39 @@ class Population:
         self.envs = envs
         self.size = len(envs.rows)
         self.ppos: list = [None] * self.size
-        self._rng: list[dict | None] = [None] * self.size
+        self._rng: list[tuple | None] = [None] * self.size
         self._current: int | None = None
         self._stacked: StackedMembers | None = None
 
     def seed(self, k: int, seed: int) -> None:
         """Member k's random numbers start as a run alone's with ``seed`` (torch's and
         numpy's global generators seeded with it, as ``fastvec train`` seeds them)."""
-        outer = rng_state()
+        outer = _torch_rng()
         torch.manual_seed(seed)
-        np.random.seed(seed)
-        self._rng[k] = rng_state()
-        set_rng_state(outer)
+        np.random.seed(seed)  # (drawn from by nothing in the trainer: not swapped below)
+        self._rng[k] = _torch_rng()
+        _set_torch_rng(outer)
 
     @contextlib.contextmanager
     def as_member(self, k: int):
-        """Inside, torch's and numpy's global generators are member k's; on leaving, what
-        the member drew is kept for its next turn and the generators are as before."""
+        """Inside, torch's generators (the CPU's, and CUDA's where it is in use) are
+        member k's; on leaving, what the member drew is kept for its next turn and the
+        generators are as before. (Numpy's global generator, seeded as a run alone seeds
+        it, is not swapped: the trainer draws nothing from it, and its state costs ten
+        times torch's to read and write.)"""
         if self._rng[k] is None:
             raise RuntimeError(f"member {k} was not seeded")
         if self._current is not None:
             raise RuntimeError(f"member {k}'s turn inside member {self._current}'s")
-        outer = rng_state()
-        set_rng_state(self._rng[k])
+        outer = _torch_rng()
+        _set_torch_rng(self._rng[k])
         self._current = k
         try:
             yield
         finally:
-            self._rng[k] = rng_state()
+            self._rng[k] = _torch_rng()
             self._current = None
-            set_rng_state(outer)
+            _set_torch_rng(outer)
 
     def freeze_actions(self, k: int, action) -> None:
         """Member k acts no more: its envs step on ``action`` (a valid one of the space)."""
