@@ -4,7 +4,6 @@
     python benchmarks/bench_members.py cartpole --rounds 3 --out benchmarks/results/members
     python benchmarks/bench_members.py halfcheetah --steps 300000 --out benchmarks/results/members
     python benchmarks/bench_members.py sweep --steps 300000 --out benchmarks/results/members
-    python benchmarks/bench_members.py learner --out benchmarks/results/members
 
 Each workload runs, in fresh ``fastvec train`` processes as a user runs them, one
 population (all its members in one process) and the same runs alone one after another
@@ -18,10 +17,6 @@ final mean return; where the population's time went (acting, envs, targets, lear
 - ``sweep``: HalfCheetah-v5, ``lr`` 1e-4, 3e-4, 1e-3 times 4 seeds; the population's
   ``report.md`` (IQM and intervals per setting) and the same report over the runs alone
   (``fastvec report``), and whether the two rank the settings alike.
-- ``learner``: one update step's gradient for K members of a small MLP, three ways: K
-  numpy learners one after another, the stacked numpy pass the population uses
-  (``fastvec.train.algo.stacked``), and ``torch.func.vmap(grad(...))`` over
-  ``stack_module_state``'s parameters; medians of repeated timings.
 """
 
 from __future__ import annotations
@@ -38,7 +33,7 @@ import time
 from harness.cli_runs import FASTVEC, run_fastvec, train_command
 from harness.common import machine, rotated, span, write_results
 
-WORKLOADS = ("cartpole", "halfcheetah", "sweep", "learner")
+WORKLOADS = ("cartpole", "halfcheetah", "sweep")
 
 
 def _timed(args: list[str]) -> tuple[dict, float]:
@@ -120,106 +115,6 @@ def _g(v: str) -> str:
     return f"{float(v):g}"
 
 
-def _ways(obs_space, act_space, mb: int, K: int) -> dict:
-    """The three ways to K members' minibatch gradients, each a function of no arguments."""
-    import numpy as np
-    import torch
-    from torch.func import functional_call, grad, stack_module_state, vmap
-
-    from fastvec.train.algo.minibatch import NumpyLearner
-    from fastvec.train.algo.optim import flatten_parameters
-    from fastvec.train.algo.stacked import StackedLearner
-    from fastvec.train.model.actor_critic import make_policy
-
-    pols = [make_policy(obs_space, act_space, hidden=(64, 64)) for _ in range(K)]
-    flats = [flatten_parameters(p) for p in pols]
-    alone = [NumpyLearner(p, fg, 0.0, 0.5, None) for p, (_fp, fg) in zip(pols, flats)]
-    P = flats[0][0].numel()
-    rows_p, rows_g = np.stack([f[0].detach().numpy() for f in flats]), np.zeros((K, P), np.float32)
-    stacked = StackedLearner(pols[0], flats[0][0], rows_p, rows_g)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((K, mb, obs_space.shape[0]), dtype=np.float32)
-    discrete = act_space.shape == ()
-    a = (
-        rng.integers(0, act_space.n, (K, mb))
-        if discrete
-        else rng.standard_normal((K, mb, act_space.shape[0]), dtype=np.float32)
-    )
-    cols = [rng.standard_normal((K, mb), dtype=np.float32) for _ in range(4)]
-    co = {
-        "clip": np.full(K, 0.2, np.float32),
-        "ent_coef": np.zeros(K, np.float32),
-        "vf_coef": np.full(K, 0.5, np.float32),
-        "clip_vf": None,
-    }
-
-    class Loss(torch.nn.Module):
-        def __init__(self, pol):
-            super().__init__()
-            self.pol = pol
-
-        def forward(self, o, act, olp, adv, ret):
-            prm, v = self.pol.params_and_value(o)
-            logp, _ent = self.pol.dist.log_prob_entropy(prm, act, need_entropy=False)
-            ratio = (logp - olp).exp()
-            return -torch.min(adv * ratio, adv * ratio.clamp(0.8, 1.2)).mean() + 0.25 * (v - ret).square().mean()
-
-    wrapped = Loss(make_policy(obs_space, act_space, hidden=(64, 64)))
-    params, buffers = stack_module_state(pols)
-    pp = {"pol." + k: v for k, v in params.items()}
-    bb = {"pol." + k: v for k, v in buffers.items()}
-    g = vmap(grad(lambda p, b, *xs: functional_call(wrapped, (p, b), xs)))
-    tx, ta, tc = torch.from_numpy(x), torch.from_numpy(np.asarray(a)), [torch.from_numpy(c) for c in cols]
-
-    def one_by_one():
-        for k, learner in enumerate(alone):
-            learner.minibatch(x[k], a[k], *(c[k] for c in cols), clip=0.2, want_stats=False, target_kl=None, stats={})
-
-    return {
-        "one by one (numpy)": one_by_one,
-        "at once (stacked numpy)": lambda: stacked.minibatch(x, a, *cols, co=co),
-        "torch.func vmap(grad)": lambda: g(pp, bb, tx, ta, *tc[:3]),
-    }
-
-
-def learner_timings(args) -> dict:
-    """Milliseconds per minibatch gradient for K members, three ways (see the module's docstring)."""
-    import gymnasium as gym
-    import numpy as np
-    import torch
-
-    torch.set_num_threads(1)
-    shapes = {
-        "CartPole (4 obs, 2 actions, minibatch 64)": (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), 64),
-        "HalfCheetah (17 obs, 6 actions, minibatch 256)": (
-            gym.spaces.Box(-np.inf, np.inf, (17,)),
-            gym.spaces.Box(-1, 1, (6,)),
-            256,
-        ),
-    }
-    from threadpoolctl import threadpool_limits
-
-    rows = {}
-    with threadpool_limits(1, "blas"):  # (as the trainer learns: NumpyLearner.one_blas_thread)
-        return _time_ways(shapes, args, rows)
-
-
-def _time_ways(shapes: dict, args, rows: dict) -> dict:
-    for name, (obs_space, act_space, mb) in shapes.items():
-        fns = _ways(obs_space, act_space, mb, args.seeds)
-        times: dict = {label: [] for label in fns}
-        for fn in fns.values():
-            fn()
-        for r in range(args.repeats):
-            for label in rotated(list(fns), r):
-                t0 = time.perf_counter()
-                for _ in range(20):
-                    fns[label]()
-                times[label].append((time.perf_counter() - t0) / 20 * 1e3)
-        rows[name] = times
-    return rows
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     p.add_argument("workload", choices=WORKLOADS)
@@ -227,26 +122,11 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=None, help="members (default: 8; 4 per setting in a sweep)")
     p.add_argument("--steps", type=int, default=300_000)
     p.add_argument("--lrs", nargs="+", default=["1e-4", "3e-4", "1e-3"])
-    p.add_argument("--repeats", type=int, default=15, help="learner: timings per way")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     args.seeds = args.seeds or (4 if args.workload == "sweep" else 8)
     command = "python benchmarks/bench_members.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     info = machine(command)
-    if args.workload == "learner":
-        rows = learner_timings(args)
-        lines = [
-            f"# Members' gradients, {args.seeds} members: ms per minibatch",
-            "",
-            f"`{command}`; {info['cpu']}, {info['cores']} cores, torch on 1 thread.",
-            "",
-            "| network | " + " | ".join(next(iter(rows.values()))) + " |",
-            "|---|" + "---|" * 3,
-        ]
-        for name, times in rows.items():
-            lines.append(f"| {name} | " + " | ".join(span(t) for t in times.values()) + " |")
-        write_results(args.out, "\n".join(lines), {"machine": info, "ms_per_minibatch": rows}, "learner")
-        return 0
     rounds = []
     with tempfile.TemporaryDirectory(prefix="fastvec-members-") as tmp:
         for i in range(args.rounds):
