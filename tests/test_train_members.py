@@ -256,3 +256,63 @@ def test_the_command_trains_members_and_eval_takes_one(tmp_path):
     assert json.loads(ev.stdout.strip().splitlines()[-1])["member"] == os.path.basename(best["run_dir"])
     bad = _cli(["eval", str(d), "--member", "7"], tmp_path)
     assert bad.returncode == 2 and "member 7" in bad.stderr
+
+
+def _wait_for(path_glob: str, count: int, proc, timeout: float = 120) -> None:
+    import glob
+    import time
+
+    t0 = time.time()
+    while len(glob.glob(path_glob)) < count:
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() - t0 < timeout, f"no {path_glob} after {timeout} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "kill -9"])
+def test_a_stopped_or_killed_population_resumes_every_member(tmp_path, how):
+    import glob
+    import signal
+
+    d = tmp_path / "pop"
+    cmd = [sys.executable, "-m", "fastvec", "train", "CartPole-v1", "--seeds", "2", "--num-envs", "4"]
+    cmd += [
+        "--total-steps",
+        "1e7",
+        "--checkpoint-every",
+        "2048",
+        "--no-progress",
+        "--no-tensorboard",
+        "--logdir",
+        str(d),
+    ]
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(fastvec.__file__))}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(str(d / "seed-*" / "checkpoints" / "step-*.pt"), 4, proc)
+        proc.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if how == "ctrl-c":
+        assert proc.returncode == 130, err
+        line = json.loads(out.strip().splitlines()[-1])
+        assert line["interrupted"] and all(r["interrupted"] for r in line["results"])
+        kept = [r["env_steps"] for r in line["results"]]
+    else:
+        assert proc.returncode == -signal.SIGKILL
+        kept = [
+            max(int(os.path.basename(p)[5:-3]) for p in glob.glob(str(d / f"seed-{s}" / "checkpoints" / "step-*.pt")))
+            for s in (0, 1)
+        ]
+    assert min(kept) >= 2048
+    p = _cli(["train", "--resume", str(d), "--total-steps", str(max(kept) + 1024), "--no-progress"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    line = json.loads(p.stdout.strip().splitlines()[-1])
+    for r in line["results"]:
+        assert r["resumed"] and r["env_steps"] == max(kept) + 1024  # (4 envs x 32 steps: whole rollouts)
+        with open(os.path.join(r["run_dir"], "metrics.jsonl")) as f:
+            steps = [json.loads(x)["env_steps"] for x in f]
+        assert steps == sorted(steps) and len(set(steps)) == len(steps)  # continued, no step twice
