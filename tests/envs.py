@@ -536,17 +536,28 @@ class MaskedChoiceEnv(gym.Env):
     ``int8``), ``method`` (an ``action_masks()`` method, bool) or ``both``; ``multi``: a
     ``MultiDiscrete([3, 4])`` action space instead, one mask per branch (an action earns
     the two branches' sums, every sub-action must be valid). ``bad``: make the mask wrong
-    (``shape``, ``dtype``, ``empty`` at step 3 of each episode, ``empty_first``).
+    (``shape``, ``dtype``, ``empty`` at step 3 of each episode, ``empty_first``). Its
+    ``rgb_array`` frame shows the current mask: a white 8 x 8 block per valid action,
+    black per invalid one.
 
     ``dict_obs``: the observation is a Dict instead, ``seen`` (the mask as floats) and
     ``clock`` (the steps taken, ``Discrete``); ``source="dict"`` gives the mask as its
     ``action_mask`` key too (an ``int8`` Box, PettingZoo classic's convention), and neither
     in the info nor through a method."""
 
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
     def __init__(
-        self, source: str = "info", length: int = 10, multi: bool = False, bad: str = "", dict_obs: bool = False
+        self,
+        source: str = "info",
+        length: int = 10,
+        multi: bool = False,
+        bad: str = "",
+        dict_obs: bool = False,
+        render_mode: str | None = None,
     ):
         self.source, self.length, self.multi, self.bad = source, int(length), bool(multi), bad
+        self.render_mode = render_mode
         self.nvec = [3, 4] if multi else [6]
         self.action_space = spaces.MultiDiscrete(self.nvec) if multi else spaces.Discrete(6)
         self.size = sum(self.nvec)
@@ -606,3 +617,8 @@ class MaskedChoiceEnv(gym.Env):
         self._draw()
         obs, info = self._out({"invalid": 0})
         return obs, reward, False, self.t >= self.length, info
+
+    def render(self):
+        if self.render_mode != "rgb_array":
+            return None
+        return np.repeat(np.repeat(self.mask.astype(np.uint8) * 255, 8)[None, :, None], 8, 0).repeat(3, 2)

@@ -231,6 +231,7 @@ def _cli(args, cwd):
         (["--seeds", "2", "--set", "policy_core=lstm"], "members cannot train with a recurrent core"),
         (["--seeds", "2", "--mix", "count=4", "--mix", "count=4"], "members cannot train with --mix"),
         (["--seeds", "2", "--backend", "ray"], "members cannot train with --backend ray"),
+        (["--seeds", "2", "--video-every", "2048"], "members cannot train with --video-every 2048"),
     ],
 )
 def test_the_command_refuses_what_members_do_not_do_in_one_line(tmp_path, args, message):

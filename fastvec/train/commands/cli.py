@@ -9,10 +9,10 @@ eval`` calls ``fastvec.train.commands.evaluate.evaluate``.
                   [--stop-at-return R] [--max-time 5m] [--device auto|cpu|cuda] [--logdir DIR]
                   [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
                   [--checkpoint-every N] [--backend engine|ray] [--ray-address ADDR] [--actors N]
-                  [--nproc N] [--action-mask none|auto|info|method|dict]
+                  [--nproc N] [--action-mask none|auto|info|method|dict] [--video-every N]
                   [--track wandb [--track-option key=value ...]] [--seeds K] [--sweep KEY=V1,V2]
     fastvec train --resume RUN_DIR [--total-steps N] [--set safe_key=value ...]
-    fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic]
+    fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic] [--video DIR]
 
 Both print one JSON object as the last line of stdout and exit 0 on success; ``fastvec
 train`` leaves a model card, ``RUN_DIR/README.md`` (``fastvec.train.run.card``). Bad input
@@ -79,6 +79,12 @@ def _eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", default=None, help="check the checkpoint was trained on this env id")
     p.add_argument("--stochastic", action="store_true", help="sample actions instead of the mode")
     p.add_argument("--num-envs", type=int, default=None)
+    p.add_argument(
+        "--video",
+        default=None,
+        metavar="DIR",
+        help="film every episode into DIR as an MP4 (return and length in its name; videos.json lists them)",
+    )
     p.add_argument("--member", default=None, help="a population's member (fastvec train --seeds): index, label or best")
     return p
 
@@ -139,10 +145,11 @@ def _apply_flags(cfg, args) -> None:
         "device": args.device,
         "action_mask": getattr(args, "action_mask", None),
     }
-    for name, value in (("total_steps", args.total_steps), ("checkpoint_every", args.checkpoint_every)):
+    steps = (("total_steps", args.total_steps), ("checkpoint_every", args.checkpoint_every))
+    for name, value in (*steps, ("video_every", args.video_every)):
         if value is None:
             continue
-        low = 1 if name == "total_steps" else 0
+        low = 0 if name == "checkpoint_every" else 1
         if not float(value).is_integer() or value < low:
             kind = "a positive" if low else "a non-negative"
             raise ConfigError(f"--{name.replace('_', '-')} must be {kind} integer, got {value:g}")
@@ -362,7 +369,10 @@ def _eval(argv) -> int:
     from ...errors import WorkerError
     from ..algo.checkpoints import load_checkpoint
     from .evaluate import evaluate
+    from .filming import headless_gl
 
+    if args.video is not None:
+        headless_gl()  # (before any env's renderer is made)
     try:
         path, member = member_path(args.checkpoint, args.member)
         ckpt = load_checkpoint(path)
@@ -376,6 +386,7 @@ def _eval(argv) -> int:
             deterministic=not args.stochastic,
             env_id=args.env,
             num_envs=args.num_envs,
+            video_dir=args.video,
         )
     except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
         return fail_line("eval", exc, 1)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 import torch
 
 from ..algo.checkpoints import check_spaces, load_checkpoint, policy_from_checkpoint
+from .filming import Reel, check_video, filmed_factory, headless_gl
 
 __all__ = ["evaluate"]
 
@@ -19,6 +21,9 @@ def evaluate(
     deterministic: bool = True,
     env_id: str | None = None,
     num_envs: int | None = None,
+    *,
+    video_dir: str | None = None,
+    video_prefix: str | None = None,
 ) -> dict:
     """Run ``episodes`` episodes of a checkpoint's policy (in-process, vectorised).
 
@@ -34,18 +39,31 @@ def evaluate(
     (``num_envs`` copies, one worker): an episode is one agent's. A run with action masks
     (its config's ``action_mask``) acts among the actions each step's mask allows, read
     from the same source as in training (``fastvec.action_masks``).
+
+    ``video_dir``: film every episode counted into an MP4 file there
+    (``episode-003-return-212.5-len-500.mp4``; ``video_prefix`` in place of
+    ``episode-003``), listed in its ``videos.json`` and in the result's ``videos``
+    (``fastvec.train.commands.filming``); the episodes and returns are the same as without.
     """
     ckpt = load_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
     env_id = _env_of(ckpt, env_id, episodes)
     mix = ckpt.get("mix")
-    venv, group = _eval_envs(ckpt, env_id, episodes, num_envs)
+    if video_dir is not None:
+        headless_gl()
+        check_video(env_id, ckpt.get("env_kwargs"), video_dir, mix=mix)
+    venv, group = _eval_envs(ckpt, env_id, episodes, num_envs, video_dir)
+    reel = None
+    if video_dir is not None:
+        reel = Reel(venv, video_dir, video_prefix, seed=seed, env_steps=ckpt.get("env_steps"))
     try:
         obs_space = venv.single_observation_space
         check_spaces(ckpt, obs_space[0] if _masked(ckpt) else obs_space, venv.single_action_space, env_id)
         torch.set_num_threads(1)
         pol = policy_from_checkpoint(ckpt)
-        returns, lengths, groups, wall = _episodes(venv, pol, group, episodes, seed, deterministic)
+        returns, lengths, groups, wall = _episodes(venv, pol, group, episodes, seed, deterministic, reel=reel)
     finally:
+        if reel is not None:
+            reel.close()
         venv.close()
     out = {
         "env_id": env_id,
@@ -61,6 +79,8 @@ def evaluate(
         "training_env_steps": ckpt.get("env_steps"),
         "wall_seconds": round(wall, 3),
     }
+    if reel is not None:
+        out["videos"] = [{**e, "file": os.path.join(video_dir, e["file"])} for e in reel.entries]
     if mix:
         rets, grp = np.array(returns), np.array(groups)
         out["groups"] = [
@@ -93,9 +113,9 @@ def _env_of(ckpt: dict, env_id: str | None, episodes: int) -> str:
     return env_id
 
 
-def _envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
+def _envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None, video_dir: str | None = None):
     """The eval envs' factories and each one's group (a mix's envs drawn evenly from its
-    groups, at least one per group)."""
+    groups, at least one per group); with ``video_dir``, filmed envs (not of a mix)."""
     from ..config.mix import group_of, mix_factories
     from ..config.presets import env_factory
 
@@ -106,16 +126,18 @@ def _envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
         picks = [k * len(fns) // n for k in range(n)]
         return [fns[i] for i in picks], group_of(mix)[picks]
     n = min(episodes, num_envs or 8)
-    return [env_factory(env_id, ckpt.get("env_kwargs"))] * n, np.zeros(n, np.int64)
+    kwargs = ckpt.get("env_kwargs")
+    fn = env_factory(env_id, kwargs) if video_dir is None else filmed_factory(env_id, kwargs, video_dir)
+    return [fn] * n, np.zeros(n, np.int64)
 
 
 def _masked(ckpt: dict) -> bool:
     return (ckpt.get("config") or {}).get("action_mask", "none") != "none"
 
 
-def _eval_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
+def _eval_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None, video_dir: str | None = None):
     """The vector env to evaluate on (in this process; a PettingZoo env's copies in a
-    worker) and each env's group."""
+    worker) and each env's group; with ``video_dir``, its envs filmed."""
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
     from ...env_ids import is_pettingzoo
@@ -124,7 +146,7 @@ def _eval_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
         return _agent_envs(ckpt, env_id, episodes, num_envs)
     from ...action_masks import check_action_mask, masked_factory
 
-    fns, group = _envs(ckpt, env_id, episodes, num_envs)
+    fns, group = _envs(ckpt, env_id, episodes, num_envs, video_dir)
     if _masked(ckpt):  # the source training read (checked on one env first)
         source = check_action_mask(fns[0], ckpt["config"]["action_mask"])
         fns = [masked_factory(fn, source) for fn in fns]
@@ -147,9 +169,10 @@ def _agent_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None):
     return venv, np.zeros(venv.num_envs, np.int64)
 
 
-def _episodes(venv, pol, group, episodes: int, seed: int, deterministic: bool):
+def _episodes(venv, pol, group, episodes: int, seed: int, deterministic: bool, *, reel=None):
     """``episodes`` episodes spread evenly over the envs: their returns, lengths, groups,
-    and the seconds they took (from the reset on)."""
+    and the seconds they took (from the reset on); ``reel``: each ended episode's video
+    kept where it counts, dropped where not."""
     import gymnasium as gym
 
     n = venv.num_envs
@@ -172,6 +195,8 @@ def _episodes(venv, pol, group, episodes: int, seed: int, deterministic: bool):
         if state is not None:  # (agents: a row that did not act starts afresh when its copy resets)
             state[torch.from_numpy((term | trunc) | ~np.asarray(acting, bool))] = 0.0
         for i in np.flatnonzero(term | trunc):
+            if reel is not None:
+                reel.ended(i, float(ep_ret[i]), int(ep_len[i]), counted=bool(counts[i] < targets[i]))
             if counts[i] < targets[i]:
                 returns.append(float(ep_ret[i]))
                 lengths.append(int(ep_len[i]))

@@ -16,6 +16,7 @@ import time
 
 from ..compute.ranks import check_world, launched_world, ranks_from_environment
 from ..config.settings import ConfigError, PPOConfig
+from .videos import VideoRecorder, video_folder
 
 __all__ = ["run_training", "build_storage", "check_backend", "main_spin_for"]
 
@@ -295,9 +296,9 @@ def run_training(
     """What ``fastvec train`` does: train PPO on ``env_id`` (or on ``venv``, a gymnasium
     ``VectorEnv`` with same-step autoreset or an SB3 ``VecEnv``, which the caller keeps
     and closes), logging into ``run_dir`` (TensorBoard events, ``metrics.jsonl``,
-    ``learning_curve.png``, ``checkpoint.pt``, ``checkpoints/``, ``result.json``; None:
-    no files), starting from the checkpoint ``init_from``. Returns ``train``'s result
-    dict. See ``build_storage`` for ``backend``, ``ray_address`` and ``ray_actors``.
+    ``learning_curve.png``, ``checkpoint.pt``, ``checkpoints/``, ``result.json``,
+    ``videos/`` with ``cfg.video_every``; None: no files), starting from the checkpoint
+    ``init_from``. Returns ``train``'s result dict. See ``build_storage`` for ``backend``, ``ray_address`` and ``ray_actors``.
 
     ``resume``: a run directory (or ``(path, checkpoint)`` from
     ``checkpoints.resume_checkpoint``) to continue in place from its newest checkpoint;
@@ -342,12 +343,17 @@ def run_training(
             raise ValueError(f"checkpoint was trained on {ckpt['env_id']}, not {env_id}")
     storage_args = dict(venv=venv, env_kwargs=env_kwargs, mix=mix, backend=backend)
     storage_args.update(ray_address=ray_address, ray_actors=ray_actors, pin=device.type == "cuda")
-    if launched_world() > 1 and int(os.environ.get("RANK", "0")):  # rank 0 writes the files and shows the progress
+    videos = video_folder(cfg, env_id, env_kwargs, run_dir, venv=venv, mix=mix) if _writes_files() else None
+    if not _writes_files():  # rank 0 writes the files, films and shows the progress
         run_dir, tensorboard, progress, track = None, False, False, None
     plan = _Start(env_id, cfg, run_dir, tensorboard, progress, save, resume_step, resumed, ckpt, stop, storage_args)
-    if track is not None:
-        plan = dataclasses.replace(plan, track=(track, track_options))
+    plan = dataclasses.replace(plan, videos=videos, track=None if track is None else (track, track_options))
     return _start(plan)
+
+
+def _writes_files() -> bool:
+    """Whether this process writes the run's files: a run alone, or a data-parallel run's rank 0."""
+    return launched_world() == 1 or not int(os.environ.get("RANK", "0"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,6 +371,7 @@ class _Start:
     init: dict | None  # the checkpoint a new run starts from (init_from)
     stop: object  # a callable asked at every safe point, or None
     storage_args: dict  # build_storage's keyword arguments
+    videos: str | None = None  # the folder --video-every films into (None: no videos)
     track: tuple | None = None  # (tracker, its options), or None
 
 
@@ -424,6 +431,11 @@ def _start(plan: _Start) -> dict:
         ranks.close()
         raise
     env_kwargs, mix = storage_args["env_kwargs"], storage_args["mix"]
+    recorder = None
+    if plan.videos is not None:
+        recorder = VideoRecorder(
+            plan.videos, cfg.video_every, monitor, env_id=plan.env_id, env_kwargs=env_kwargs, seed=cfg.seed
+        )
     try:
         return train(
             cfg,
@@ -440,6 +452,7 @@ def _start(plan: _Start) -> dict:
             t_start=t_start,
             learner=learner,
             ranks=ranks,
+            videos=recorder,
         )
     finally:
         ranks.close()

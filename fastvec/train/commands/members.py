@@ -13,7 +13,7 @@ finished stays finished; one killed before its first checkpoint starts again).
 
 What members do not do is refused before any process starts: ``pipeline=async``,
 several ranks, recurrent cores, PettingZoo agent rows, mixes of envs, Ray, a vector env
-of one's own, ``--init-from``.
+of one's own, ``--init-from``, ``--video-every``.
 """
 
 from __future__ import annotations
@@ -90,6 +90,8 @@ def check_members(cfg: PPOConfig, env_id: str | None, *, nproc: int = 1, mix=Non
         why = "--init-from (members start from their own seeds' weights)"
     elif cfg.env_groups != 1:
         why = f"env_groups={cfg.env_groups} (members step every env together)"
+    elif cfg.video_every:
+        why = f"--video-every {cfg.video_every} (videos film a run alone; film a member with fastvec eval --video)"
     if why is not None:
         raise ConfigError(f"--seeds/--sweep: members cannot train with {why}")
 

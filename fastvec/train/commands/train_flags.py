@@ -82,6 +82,14 @@ def file_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="env steps between checkpoints in the run directory (1e5 accepted; 0: only at the end; default 100000)",
     )
+    p.add_argument(
+        "--video-every",
+        type=float,
+        default=None,
+        metavar="N",
+        help="film one deterministic evaluation episode every N env steps into RUN_DIR/videos/ "
+        'in a low-priority process of its own (1e5 accepted; needs imageio-ffmpeg: pip install "fastvec[envs]")',
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard event files")
     add_track_flags(p)

@@ -137,6 +137,7 @@ SAFE_ON_RESUME = frozenset(
         "log_every_s",
         "checkpoint_every",
         "keep_checkpoints",
+        "video_every",
         "restart_on_error",
         "max_restarts",
         "restart_window",

@@ -317,6 +317,9 @@ class PPOConfig:
     """More than this many worker restarts within ``restart_window`` env steps ends the run."""
     restart_window: int = 50_000
     """Env steps over which ``max_restarts`` counts."""
+    video_every: int = 0
+    """Env steps between videos of one deterministic evaluation episode, filmed in a process
+    of its own into the run directory's ``videos/`` (``fastvec train --video-every``; 0: none)."""
 
     # ---- the transport's keys, flat as before the split (not fields: ``transport`` holds them)
     num_workers = _InTransport[int | None]()
@@ -362,7 +365,11 @@ class PPOConfig:
         for name in ("torch_threads", "learn_threads", "lr_horizon"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name))
-        for name, unit in (("checkpoint_every", " (env steps; 0: only at the end)"), ("seed", "")):
+        for name, unit in (
+            ("checkpoint_every", " (env steps; 0: only at the end)"),
+            ("video_every", " (env steps; 0: no videos)"),
+            ("seed", ""),
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise ConfigError(f"{name} must be a non-negative integer{unit}, got {v!r}")

@@ -78,6 +78,7 @@ def train(
     t_start: float | None = None,
     learner=None,
     ranks: Ranks = SOLO,
+    videos=None,
 ) -> dict:
     """Train PPO on ``storage`` (see ``fastvec.train.storage.sources``), logging to ``monitor``;
     returns the result dict (``solved``, ``env_steps``, ``wall_seconds``,
@@ -98,7 +99,9 @@ def train(
     checkpoints, each group's training return in the result (``group_mean_returns``).
     ``ranks``: this process's place in a data-parallel run (``fastvec.train.compute.ranks``; the
     storage holds this rank's share of the envs); the ranks stop, checkpoint and end
-    together, and the run's rank 0 writes the files.
+    together, and the run's rank 0 writes the files. ``videos``: what films the acting
+    policy at the safe points (``fastvec.train.commands.videos.VideoRecorder``: ``at(ppo)``
+    there, ``finish()`` at the end, ``close()`` always), or None.
     """
     device = _checked(cfg, storage, monitor=monitor, init=init, resume=resume, learner=learner, ranks=ranks)
     t0 = time.perf_counter() if t_start is None else t_start
@@ -113,6 +116,7 @@ def train(
         t_start=t0,
         learner=learner,
         ranks=ranks,
+        videos=videos,
     )
     try:
         run.start(init if resume is None else resume, progress)
@@ -122,11 +126,17 @@ def train(
         run.end()
     except BaseException as exc:
         run.emergency_checkpoint(exc)
+        if videos is not None:  # (ended at once: the error matters, not the videos)
+            videos.close()
         monitor.close()
         raise
     finally:
         run.release()
-    return run.finish()
+    try:
+        return run.finish()
+    finally:
+        if videos is not None:
+            videos.close()
 
 
 def _checked(cfg: PPOConfig, storage, *, monitor, init, resume, learner, ranks: Ranks):
@@ -170,8 +180,9 @@ class Run:
         t_start,
         learner,
         ranks=SOLO,
+        videos=None,
     ):
-        self.learner, self.ranks = learner, ranks
+        self.learner, self.ranks, self.videos = learner, ranks, videos
         self.cfg, self.storage, self.monitor, self.device = cfg, storage, monitor, device
         self.env_id, self.env_kwargs, self.mix = envs
         self.resume, self.t_start = resume, t_start
@@ -275,6 +286,8 @@ class Run:
             state = self._counted(saved.state)
             if self.periodic is not None:
                 self.periodic.save(saved.holder, self.env_id, self.env_kwargs, state, mix=self.mix)
+        if self.videos is not None:
+            self.videos.at(ppo)
         self.snap = rng_state()
         self.phase = "collect"
         return True
@@ -378,6 +391,8 @@ class Run:
         wall = self.wall(time.perf_counter())
         final_mean, _full = self.mean_return()
         result = run_result(self, wall, final_mean, self.return_spread())
+        if self.videos is not None:  # the videos still queued (the envs closed, the clock stopped), logged
+            result["video_wait_seconds"] = round(self.videos.finish(), 3)
         if not self.ranks.solo:
             result["ranks"] = rank_figures(self.ranks, ppo.env_steps // self.ranks.world, wall, self.restarts.total)
         rets, lens = ppo.tracker.drain()

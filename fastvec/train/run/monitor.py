@@ -11,6 +11,8 @@ A run directory holds:
 - ``metrics.jsonl``: one JSON object per logging point (same scalars);
 - ``learning_curve.png``: mean episode return against env steps (matplotlib, Agg; a
   small palette PNG, which the model card shows);
+- ``videos/``: with ``--video-every``, the videos and ``videos.json``
+  (``fastvec.train.commands.videos``);
 - ``checkpoint.pt``: written by the trainer (see ``fastvec.train.algo.checkpoints``).
 
 Further sinks (``sinks``: a tracker, ``fastvec.train.run.tracking``) receive each logging
@@ -171,6 +173,15 @@ class Monitor:
     def text(self, tag: str, text: str) -> None:
         if self.writer is not None:
             self.writer.add_text(tag, text)
+
+    def video(self, step: int, path: str, ret: float, length: int) -> None:
+        """A video filmed at env step ``step`` (``--video-every``): its return and length as
+        TensorBoard scalars ``videos/return`` and ``videos/length``, its file as text
+        (not in ``metrics.jsonl``, whose rows go forward in steps)."""
+        if self.writer is not None:
+            self.writer.add_scalar("videos/return", ret, step)
+            self.writer.add_scalar("videos/length", length, step)
+            self.writer.add_text("videos/file", path, step)
 
     # ---------------------------------------------------------------- closing
     def plot(self, path: str | None = None, title: str = "", curve=None, threshold=None) -> str | None:

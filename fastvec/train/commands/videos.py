@@ -1,0 +1,230 @@
+"""``fastvec train --video-every N``: one deterministic evaluation episode filmed every N
+env steps, in a process of its own, while the run goes on.
+
+At the first safe point at or after each multiple of N env steps, ``VideoRecorder.at``
+writes the acting policy's weights (a CPU copy, the observation normaliser with them: a
+weights-only checkpoint, ``.job-*.pt``) into the run directory's ``videos/`` and names
+the file on the recorder's stdin. The recorder (``python -m
+fastvec.train.commands.videos FOLDER``, started at the first video, niced, in a session
+of its own so Ctrl-C reaches the trainer only) films one episode per job with
+``fastvec.train.commands.evaluate.evaluate`` (seed: the run's), named
+``step-000050000-return-212.5-len-500.mp4`` and listed in ``videos.json``, and answers
+with one JSON line; the trainer reads the answers without waiting at its safe points and
+logs ``videos/return`` and ``videos/length`` at the video's step to TensorBoard (not
+the video itself: TensorBoard's ``add_video`` needs moviepy). At the run's end the
+trainer waits for the jobs still queued (at most ``VIDEO_WAIT_S``; after the envs are
+closed and the run's clock stopped, the wait in the result's ``video_wait_seconds``); on
+an error or a second Ctrl-C the recorder is ended at once. Its env is its own, never the engine's.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..config.rules import ConfigError
+from .filming import TMP_PREFIX, check_video
+
+__all__ = ["VIDEO_WAIT_S", "VideoRecorder", "video_folder", "main"]
+
+VIDEO_WAIT_S = 120.0  # the most a run's end waits for its queued videos
+_JOB_PREFIX = ".job-"
+
+
+def video_folder(cfg, env_id: str | None, env_kwargs: dict | None, run_dir: str | None, *, venv=None, mix=None):
+    """Where ``cfg.video_every`` films the run (``RUN_DIR/videos``; None: no videos);
+    ConfigError, one line, before any worker starts, where it cannot."""
+    if not cfg.video_every:
+        return None
+    if venv is not None or env_id is None:
+        raise ConfigError("video_every films an env given by its id, not a vector env of your own")
+    if run_dir is None:
+        raise ConfigError("video_every writes into the run directory: give one")
+    return check_video(env_id, env_kwargs, os.path.join(run_dir, "videos"), mix=mix)
+
+
+class VideoRecorder:
+    """The trainer's side of ``--video-every``: jobs handed to the recorder process at
+    safe points (``at``), its answers logged to ``monitor`` (``Monitor.video``), the queue
+    waited for at the end (``finish``), the process ended (``close``)."""
+
+    def __init__(self, folder: str, every: int, monitor, *, env_id: str | None, env_kwargs: dict | None, seed: int):
+        self.folder, self.every, self.monitor = folder, int(every), monitor
+        self.env_id, self.env_kwargs, self.seed = env_id, env_kwargs, seed
+        self.proc: subprocess.Popen | None = None
+        self.next: int | None = None  # the env step the next video is due at
+        self.pending = 0  # jobs handed over, not answered
+        self.failed = False
+        self._buf = b""
+
+    def at(self, ppo) -> None:
+        """A safe point: the answers so far logged; a job handed over where one is due."""
+        self.poll()
+        steps = int(ppo.env_steps)
+        if self.next is None:
+            self.next = (steps // self.every + 1) * self.every
+        if steps >= self.next and not self.failed:
+            self.next = (steps // self.every + 1) * self.every
+            self._hand_over(ppo)
+
+    def _hand_over(self, ppo) -> None:
+        from ..algo.checkpoints import save_checkpoint
+
+        if self.proc is None:
+            self.proc = _start_recorder(self.folder)
+        fd, job = tempfile.mkstemp(prefix=_JOB_PREFIX, suffix=".pt", dir=self.folder)
+        os.close(fd)
+        save_checkpoint(job, ppo, self.env_id, self.env_kwargs, extra={"video_seed": self.seed})
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(job.encode() + b"\n")
+            self.proc.stdin.flush()
+            self.pending += 1
+        except OSError:  # (the recorder died: said once, the run goes on without videos)
+            os.unlink(job)
+            self._fail(f"the video recorder exited (code {self.proc.poll()})")
+
+    def poll(self) -> None:
+        """Log the recorder's answers so far, without waiting."""
+        if self.proc is None or self.proc.stdout is None:
+            return
+        fd = self.proc.stdout.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        for line in lines:
+            self._answer(json.loads(line))
+
+    def _answer(self, row: dict) -> None:
+        self.pending -= 1
+        if "error" in row:
+            self._fail(f"the video at step {row.get('env_steps')} failed: {row['error']}")
+        else:
+            self.monitor.video(row["env_steps"], os.path.join(self.folder, row["file"]), row["return"], row["length"])
+
+    def _fail(self, msg: str) -> None:
+        if not self.failed:
+            print(f"fastvec train: note: {msg}; no more videos this run", file=sys.stderr, flush=True)
+        self.failed = True
+
+    def finish(self) -> float:
+        """The run's end: wait for the queued videos (at most ``VIDEO_WAIT_S``), then end
+        the recorder; the seconds waited."""
+        if self.proc is None:
+            return 0.0
+        t0 = time.monotonic()
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()  # the recorder exits once its queue is done
+            except OSError:
+                pass
+        deadline = time.monotonic() + VIDEO_WAIT_S
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            self.poll()
+        self.poll()
+        if self.pending > 0:
+            print(
+                f"fastvec train: note: {self.pending} video(s) not finished within {VIDEO_WAIT_S:.0f} s: left out",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.close()
+        return time.monotonic() - t0
+
+    def close(self) -> None:
+        """End the recorder now (an error, a second Ctrl-C, or after ``finish``) and remove
+        its unfinished files."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        for path in glob.glob(os.path.join(self.folder, _JOB_PREFIX + "*")) + glob.glob(
+            os.path.join(self.folder, TMP_PREFIX + "*")
+        ):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _start_recorder(folder: str) -> subprocess.Popen:
+    """The recorder process, importing the fastvec (and the env modules) this process imports."""
+    import fastvec
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fastvec.__file__)))
+    env = dict(os.environ)
+    path = dict.fromkeys([root, *(p for p in sys.path if p)])  # (the modules this process finds, envs of one's own)
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    if not env.get("DISPLAY") and not env.get("MUJOCO_GL"):
+        env["MUJOCO_GL"] = "egl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastvec.train.commands.videos", folder],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    return proc
+
+
+def _film(job: str, folder: str) -> dict:
+    """One job: the episode filmed, its ``videos.json`` entry (the error where it failed)."""
+    from ..algo.checkpoints import load_checkpoint
+    from .evaluate import evaluate
+
+    steps = None
+    try:
+        ckpt = load_checkpoint(job)
+        steps = int(ckpt["env_steps"])
+        seed = int((ckpt.get("extra") or {}).get("video_seed", 0))
+        res = evaluate(ckpt, episodes=1, seed=seed, num_envs=1, video_dir=folder, video_prefix=f"step-{steps:09d}")
+        entry = dict(res["videos"][0])
+        entry["file"] = os.path.basename(entry["file"])
+        return entry
+    except Exception as exc:
+        text = str(exc).strip().splitlines()
+        return {"env_steps": steps, "error": f"{type(exc).__name__}: {text[0] if text else ''}"}
+    finally:
+        if os.path.exists(job):
+            os.unlink(job)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The recorder: one job per line of stdin (a weights-only checkpoint's path), one
+    JSON line per job on stdout; it exits when stdin closes."""
+    folder = (argv if argv is not None else sys.argv[1:])[0]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer decides when it ends
+    os.nice(10)
+    for line in sys.stdin:
+        job = line.strip()
+        if job:
+            print(json.dumps(_film(job, folder)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Videos of a policy: ``fastvec eval --video DIR`` and ``fastvec train --video-every N``.
+
+The files are decoded again (imageio's ffmpeg reader) and held against what they film:
+one frame per step plus the reset's, the frames of the episode replayed by hand in a
+fresh env with the same seed, the returns ``fastvec eval`` reports without filming, the
+steps a short run reaches its safe points at, and TensorBoard's scalars. Every bad
+input is one line, before any worker starts; an error mid-run leaves no recorder
+process and no half-written file behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import textwrap
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from helpers import one_line_error
+
+from fastvec.train import PPOConfig, load_checkpoint, run_training
+from fastvec.train.algo.checkpoints import policy_from_checkpoint
+from fastvec.train.commands.cli import main as cli_main
+from fastvec.train.config.presets import env_factory
+from fastvec.train.config.settings import ConfigError
+
+imageio = pytest.importorskip("imageio.v2")
+pytest.importorskip("imageio_ffmpeg")
+
+NAME = re.compile(r"^(episode-\d{3}|step-\d{9})-return-(-?\d+\.\d)-len-(\d+)\.mp4$")
+SMALL = ["--num-envs", "8", "--num-workers", "1", "--no-progress", "--device", "cpu", "--set", "n_steps=64"]
+
+
+def frames(path) -> list[np.ndarray]:
+    with imageio.get_reader(str(path), format="FFMPEG") as r:
+        return [np.asarray(f) for f in r]
+
+
+def diff(a, b) -> float:
+    return float(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean())
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A briefly trained CartPole run (episodes of some 100-500 steps)."""
+    d = tmp_path_factory.mktemp("video") / "run"
+    assert (
+        cli_main("train", ["CartPole-v1", "--total-steps", "4096", "--logdir", str(d), "--no-tensorboard", *SMALL]) == 0
+    )
+    return d
+
+
+def replay(ckpt, seed: int) -> tuple[list[np.ndarray], float]:
+    """One episode of the checkpoint's deterministic policy in a fresh env reset with
+    ``seed``, by hand: the env's own render after the reset and after every step, and
+    the return."""
+    pol = policy_from_checkpoint(ckpt)
+    env = env_factory("CartPole-v1", {"render_mode": "rgb_array"})()
+    obs, _ = env.reset(seed=seed)
+    shots, ret, done = [env.render()], 0.0, False
+    while not done:
+        with torch.no_grad():
+            logits = pol.actor_params(torch.as_tensor(obs[None], dtype=torch.float32))
+        obs, r, term, trunc, _ = env.step(int(logits.argmax(-1)))
+        shots.append(env.render())
+        ret, done = ret + r, term or trunc
+    env.close()
+    return shots, ret
+
+
+def test_eval_video_files_frames_and_returns(run, tmp_path, capsys):
+    out = tmp_path / "videos"
+    assert cli_main("eval", [str(run), "--episodes", "4", "--seed", "5", "--video", str(out)]) == 0
+    filmed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert cli_main("eval", [str(run), "--episodes", "4", "--seed", "5"]) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    index = json.load(open(out / "videos.json"))["videos"]
+    names = sorted(f for f in os.listdir(out) if f.endswith(".mp4"))
+    assert names == [e["file"] for e in index] == [os.path.basename(v["file"]) for v in filmed["videos"]]
+    assert len(names) == 4 and sorted(os.listdir(out)) == [*names, "videos.json"]  # nothing temporary left
+    returns = [e["return"] for e in index]
+    for k, e in enumerate(index):  # the name says the episode, its return and its length
+        m = NAME.match(e["file"])
+        assert m and m.group(1) == f"episode-{k:03d}", e["file"]
+        assert float(m.group(2)) == pytest.approx(e["return"], abs=0.05) and int(m.group(3)) == e["length"]
+        assert len(frames(out / e["file"])) == e["length"] + 1  # the reset's frame, then one per step
+    # filming changes no episode: the returns are those eval reports without it
+    assert float(np.mean(returns)) == plain["mean_return"] == filmed["mean_return"]
+    assert (min(returns), max(returns)) == (plain["min_return"], plain["max_return"])
+    assert float(np.mean([e["length"] for e in index])) == plain["mean_length"]
+
+
+def test_eval_video_frames_are_the_envs_own_renders(run, tmp_path, capsys):
+    out = tmp_path / "one"
+    assert cli_main("eval", [str(run), "--episodes", "1", "--seed", "7", "--num-envs", "1", "--video", str(out)]) == 0
+    capsys.readouterr()
+    (entry,) = json.load(open(out / "videos.json"))["videos"]
+    video = frames(out / entry["file"])
+    shots, ret = replay(load_checkpoint(str(run)), seed=7)
+    assert ret == entry["return"] and len(video) == len(shots) == entry["length"] + 1
+    assert video[0].shape == shots[0].shape == (400, 600, 3)
+    # each frame is its own step's render (lossy codec: close), and not another step's
+    # (here: codec noise about 0.08 of 255 per pixel on average, one step apart about 0.18, up to 0.9)
+    near = [diff(v, s) for v, s in zip(video, shots, strict=True)]
+    shifted = [diff(v, s) for v, s in zip(video[1:], shots[:-1], strict=True)]  # one step off
+    assert max(near) < 0.3, max(near)
+    assert np.mean(shifted) > 2 * np.mean(near), (np.mean(shifted), np.mean(near))
+    assert diff(video[0], shots[-1]) > 10 * near[0] and diff(video[-1], shots[0]) > 10 * near[-1]
+
+
+def test_video_every_films_at_the_safe_points(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    d = tmp_path / "run"
+    assert (
+        cli_main("train", ["CartPole-v1", "--total-steps", "4096", "--video-every", "1000", "--logdir", str(d), *SMALL])
+        == 0
+    )
+    # rollouts of 8 x 64 = 512 steps: safe points at 0, 512, ..., 3584; the first at or
+    # after 1000, 2000 and 3000 film; 4000 has none before the run ends at 4096
+    index = json.load(open(d / "videos" / "videos.json"))["videos"]
+    assert [e["env_steps"] for e in index] == [1024, 2048, 3072]
+    assert sorted(os.listdir(d / "videos")) == sorted([e["file"] for e in index] + ["videos.json"])
+    for e in index:
+        m = NAME.match(e["file"])
+        assert m and m.group(1) == f"step-{e['env_steps']:09d}"
+        assert len(frames(d / "videos" / e["file"])) == e["length"] + 1
+        assert e["return"] == e["length"]  # (CartPole: +1 a step)
+    acc = EventAccumulator(str(d)).Reload()
+    logged = [(s.step, s.value) for s in acc.Scalars("videos/return")]
+    assert logged == [(e["env_steps"], e["return"]) for e in index]
+
+
+def test_an_error_mid_run_ends_the_recorder(tmp_path):
+    calls = {"n": 0}
+
+    def stop():  # asked at every safe point: videos are due at the 2nd and 3rd, then it fails
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("boom")
+        return False
+
+    cfg = PPOConfig(num_envs=8, n_steps=64, total_steps=8192, video_every=512, num_workers=1, device="cpu")
+    with pytest.raises(RuntimeError, match="boom"):
+        run_training("CartPole-v1", cfg, run_dir=str(tmp_path / "run"), progress=False, tensorboard=False, stop=stop)
+    left = [
+        p for p in psutil.Process().children(recursive=True) if "fastvec.train.commands.videos" in " ".join(p.cmdline())
+    ]
+    assert left == []
+    assert [f for f in os.listdir(tmp_path / "run" / "videos") if f.startswith(".")] == []
+
+
+NO_RENDER = """
+import gymnasium as gym
+import numpy as np
+
+
+class Plain(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, True, {}
+
+
+def make_plain():
+    return Plain()
+"""
+
+
+def test_bad_input_one_line(tmp_path, capsys, monkeypatch, run):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    one_line_error(capsys, cli_main("eval", [str(run), "--video", str(blocker / "videos")]), "cannot write videos into")
+    for bad in ("0", "-5", "0.5"):
+        one_line_error(
+            capsys, cli_main("train", ["CartPole-v1", "--video-every", bad]), "--video-every must be a positive integer"
+        )
+    (tmp_path / "fvnorender.py").write_text(textwrap.dedent(NO_RENDER))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    d = tmp_path / "plain"
+    code = cli_main("train", ["fvnorender:make_plain", "--video-every", "100", "--logdir", str(d), "--no-progress"])
+    one_line_error(capsys, code, "fvnorender:make_plain has no rgb_array rendering to film (its render_modes: none)")
+    assert not d.exists()  # refused before the run directory, the monitor or any worker
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # (import fails)
+    one_line_error(capsys, cli_main("eval", [str(run), "--video", str(tmp_path / "v")]), 'pip install "fastvec[envs]"')
+    with pytest.raises(ConfigError, match="imageio-ffmpeg"):
+        run_training("CartPole-v1", PPOConfig(video_every=100), run_dir=str(tmp_path / "r2"), progress=False)
+    monkeypatch.delitem(sys.modules, "imageio_ffmpeg")
+    with pytest.raises(ConfigError, match="run directory"):
+        run_training("CartPole-v1", PPOConfig(video_every=100), run_dir=None, progress=False)
+    with pytest.raises(ConfigError, match="video_every must be a non-negative integer"):
+        PPOConfig(video_every=-1).validate()
+
+
+def test_old_configs_load_without_the_key():
+    old = PPOConfig().to_dict()
+    del old["video_every"]  # a checkpoint written before the key
+    assert PPOConfig.from_dict(old).video_every == 0
+
+
+MASKED = "envs:MaskedChoiceEnv"  # (tests/envs.py: an invalid action ends the episode at once, with -1)
+
+
+def test_a_masked_run_is_filmed_acting_among_the_valid_actions(tmp_path, capsys):
+    """Eval's videos, and the recorder's during training, play the masked policy: an
+    untrained policy without its masks picks an invalid action within a few steps, ending
+    the episode early; with them every episode runs its 10 steps. The first frame is the
+    mask of the env reset with the episode's seed."""
+    import envs
+
+    d = tmp_path / "run"
+    args = [MASKED, "--action-mask", "info", "--total-steps", "2048", "--video-every", "1000", "--logdir", str(d)]
+    assert cli_main("train", [*args, *SMALL]) == 0
+    capsys.readouterr()
+    during = json.load(open(d / "videos" / "videos.json"))["videos"]
+    assert [e["env_steps"] for e in during] == [1024] and during[0]["length"] == 10
+    out = tmp_path / "eval"
+    assert cli_main("eval", [str(d), "--episodes", "6", "--seed", "4", "--num-envs", "1", "--video", str(out)]) == 0
+    filmed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert cli_main("eval", [str(d), "--episodes", "6", "--seed", "4", "--num-envs", "1"]) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    index = json.load(open(out / "videos.json"))["videos"]
+    assert [e["length"] for e in index] == [10] * 6 and filmed["mean_return"] == plain["mean_return"]
+    assert all(e["return"] > 0 for e in index)  # (an invalid action would have cost -1)
+    first = frames(out / index[0]["file"])
+    assert len(first) == 11
+    env = envs.MaskedChoiceEnv()
+    env.reset(seed=4)  # (one env: the first episode is the reset with eval's seed)
+    assert (first[0][4, 4::8, :].mean(-1) > 128).tolist() == env.mask.tolist()
+
+
+def test_tracking_gets_the_runs_videos(tmp_path, monkeypatch):
+    """With ``--track wandb`` the tracker logs every video of ``RUN_DIR/videos`` at the
+    run's end, after the recorder has finished them (a stand-in ``wandb`` module)."""
+    from test_tracking import FakeWandb
+
+    for k in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # (no ~/.netrc: no key)
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake.module)
+    d = tmp_path / "run"
+    args = ["CartPole-v1", "--total-steps", "4096", "--video-every", "1000", "--logdir", str(d), "--track", "wandb"]
+    assert cli_main("train", [*args, *SMALL]) == 0
+    index = json.load(open(d / "videos" / "videos.json"))["videos"]
+    assert len(index) == 3
+    step, media = fake.logs[-1]
+    assert step == 4096 and media == {
+        f"videos/{e['file'][:-4]}": ("video", str(d / "videos" / e["file"])) for e in index
+    }
