@@ -4,6 +4,7 @@
     python benchmarks/bench_members.py cartpole --rounds 3 --out benchmarks/results/members
     python benchmarks/bench_members.py halfcheetah --steps 300000 --out benchmarks/results/members
     python benchmarks/bench_members.py sweep --steps 300000 --out benchmarks/results/members
+    python benchmarks/bench_members.py pbt --steps 300000 --out benchmarks/results/members
 
 Each workload runs, in fresh ``fastvec train`` processes as a user runs them, one
 population (all its members in one process) and the same runs alone one after another
@@ -14,6 +15,8 @@ final mean return; where the population's time went (acting, envs, targets, lear
 
 - ``cartpole``: 8 seeds to a mean return of 475 each (``--stop-at-return 475``).
 - ``halfcheetah``: 8 seeds of the HalfCheetah-v5 preset, ``--steps`` env steps each.
+- ``pbt``: HalfCheetah-v5, 8 members with ``--pbt`` (an exploit every tenth of the
+  steps) against 8 independent members, the same seeds; their final returns.
 - ``sweep``: HalfCheetah-v5, ``lr`` 1e-4, 3e-4, 1e-3 times 4 seeds; the population's
   ``report.md`` (IQM and intervals per setting) and the same report over the runs alone
   (``fastvec report``), and whether the two rank the settings alike.
@@ -33,7 +36,7 @@ import time
 from harness.cli_runs import FASTVEC, run_fastvec, train_command
 from harness.common import machine, rotated, span, write_results
 
-WORKLOADS = ("cartpole", "halfcheetah", "sweep")
+WORKLOADS = ("cartpole", "halfcheetah", "sweep", "pbt")
 
 
 def _timed(args: list[str]) -> tuple[dict, float]:
@@ -76,6 +79,14 @@ def _alone(env_id, seeds, steps, extra, d: str, settings=((),)) -> dict:
     return {"process_wall": wall, "runs": runs}
 
 
+def run_pbt_round(args, i: int, tmp: str) -> dict:
+    out = {}
+    for cand in rotated(["independent", "pbt"], i):
+        extra = ["--pbt"] if cand == "pbt" else []
+        out[cand] = _population("HalfCheetah-v5", args.seeds, args.steps, extra, os.path.join(tmp, f"r{i}-{cand}"))
+    return out
+
+
 def run_round(args, i: int, tmp: str) -> dict:
     env_id = "CartPole-v1" if args.workload == "cartpole" else "HalfCheetah-v5"
     extra = ["--stop-at-return", "475"] if args.workload == "cartpole" else []
@@ -102,10 +113,12 @@ def _report(d: str, cand: str, lrs) -> dict:
     """The settings compared by ``fastvec report``, over the population's members or the runs alone."""
     # (a member's directory names its setting as the config prints it, a run alone's as given)
     groups = [
-        f"lr={v}=" + os.path.join(d, f"lr={_g(v)},seed-*" if cand == "population" else f"lr={v},seed-*") for v in lrs
+        f"lr:{v}=" + os.path.join(d, f"lr={_g(v)},seed-*" if cand == "population" else f"lr={v},seed-*") for v in lrs
     ]
     with tempfile.TemporaryDirectory() as out_dir:
-        subprocess.run([*FASTVEC, "report", *groups, "--out", out_dir], check=True, capture_output=True, text=True)
+        p = subprocess.run([*FASTVEC, "report", *groups, "--out", out_dir], capture_output=True, text=True)
+        if p.returncode:
+            raise SystemExit(f"fastvec report: {p.stderr.strip()}")
         with open(os.path.join(out_dir, "report.json")) as f:
             rep = json.load(f)
     return {name: {"iqm": g["iqm"], "mean": g["mean"], "scores": g["scores"]} for name, g in rep["groups"].items()}
@@ -130,10 +143,35 @@ def main(argv=None) -> int:
     rounds = []
     with tempfile.TemporaryDirectory(prefix="fastvec-members-") as tmp:
         for i in range(args.rounds):
-            rounds.append(run_round(args, i, tmp))
+            rounds.append((run_pbt_round if args.workload == "pbt" else run_round)(args, i, tmp))
             print(json.dumps({"round": i, **{k: v["process_wall"] for k, v in rounds[-1].items()}}), flush=True)
-    write_results(args.out, _markdown(args, info, rounds), {"machine": info, "rounds": rounds}, args.workload)
+    text = _pbt_markdown(args, info, rounds) if args.workload == "pbt" else _markdown(args, info, rounds)
+    write_results(args.out, text, {"machine": info, "rounds": rounds}, args.workload)
     return 0
+
+
+def _pbt_markdown(args, info, rounds) -> str:
+    from fastvec import run_stats
+
+    lines = [
+        f"# Members: PBT against independent seeds, {args.seeds} members, HalfCheetah-v5, {args.steps:,} steps",
+        "",
+        f"`{info['command']}`; {info['cpu']}, {info['cores']} cores; {len(rounds)} round(s).",
+        "",
+        "| | process wall s | final mean returns | IQM [95% CI] |",
+        "|---|---|---|---|",
+    ]
+    for cand in ("independent", "pbt"):
+        pops = [r[cand] for r in rounds]
+        scores = [x for p in pops for x in p["returns"]]
+        agg = run_stats.aggregate(scores)["iqm"]
+        lines.append(
+            f"| {cand} | {span([p['process_wall'] for p in pops], '{:.1f}')} | {span(scores, '{:.0f}')} | {agg.point:.0f} [{agg.low:.0f}, {agg.high:.0f}] |"
+        )
+    both = [[x for r in rounds for x in r[c]["returns"]] for c in ("pbt", "independent")]
+    p = run_stats.probability_of_improvement(*both)
+    lines += ["", f"P(a PBT member beats an independent one): {p.point:.2f} [{p.low:.2f}, {p.high:.2f}]."]
+    return "\n".join(lines)
 
 
 def _markdown(args, info, rounds) -> str:
