@@ -413,3 +413,44 @@ def test_a_resumed_pbt_population_continues_its_lineage(tmp_path):
 def test_pbt_refuses_bad_input_in_one_line(tmp_path, args, message):
     p = _cli(["train", "CartPole-v1", "--no-progress", "--logdir", str(tmp_path / "p"), *args], tmp_path)
     assert p.returncode == 2 and message in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_failing_env_saves_every_member_and_the_population_resumes(tmp_path):
+    import glob
+
+    import psutil
+
+    from fastvec.errors import WorkerError
+
+    cfg = PPOConfig()
+    apply_overrides(cfg, {"num_envs": 4, "num_workers": 1, "n_steps": 16, "minibatch_size": 32, "n_epochs": 2})
+    apply_overrides(cfg, {"checkpoint_every": 0, "total_steps": 4096, "restart_on_error": False})
+    d = str(tmp_path / "pop")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    shm_before = sorted(glob.glob("/dev/shm/fastvec_*"))
+    with pytest.raises(WorkerError) as failed:  # each env raises at its step 101: in the 7th rollout
+        run_members(
+            "envs:FailingEnv",
+            cfg,
+            seeds=2,
+            env_kwargs={"fail_after": 100},
+            run_dir=d,
+            progress=False,
+            tensorboard=False,
+        )
+    assert failed.value.resume_from == d  # the population resumes as one
+    left = [
+        p.cmdline()
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())  # (Python's own, for life)
+    ]
+    assert left == []  # no worker left behind
+    assert sorted(glob.glob("/dev/shm/fastvec_*")) == shm_before  # nor the engine's segment
+    for label in ("seed-0", "seed-1"):
+        assert load_checkpoint(os.path.join(d, label, "checkpoint.pt"))["env_steps"] == 6 * 64  # its last whole rollout
+
+    def one_more_rollout(c):
+        c.total_steps = 7 * 64
+
+    pop = run_members(run_dir=d, resume=True, changes=one_more_rollout, progress=False, tensorboard=False)
+    assert [r["env_steps"] for r in pop["results"]] == [7 * 64, 7 * 64] and all(r["resumed"] for r in pop["results"])

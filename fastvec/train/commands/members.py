@@ -153,9 +153,7 @@ def run_members(
     at every safe point. Returns ``members_result``'s dict."""
     from ..compute.torch_state import warm_up_torch
     from ..config.presets import check_env
-    from ..run.members import train_members
-    from ..storage.member_rows import MemberEnvs
-    from .launch import build_storage, settle_mask_source
+    from .launch import settle_mask_source
 
     plan = _settle(env_id, env_kwargs, config, seeds, sweep, pbt_every, run_dir=run_dir, resume=resume, changes=changes)
     env_id, env_kwargs, cfg = plan["env_id"], plan["env_kwargs"], plan["cfg"]
@@ -172,21 +170,45 @@ def run_members(
     monitors = _monitors(members, states, run_dir, tensorboard)
     warm_up_torch()
     t_start = time.perf_counter()
-    K, N = len(members), cfg.num_envs
     try:
-        storage = build_storage(
-            env_id, PPOConfig.from_dict({**cfg.to_dict(), "num_envs": K * N}), env_kwargs=env_kwargs
+        trained = _train(
+            members,
+            cfg,
+            monitors,
+            env=(env_id, env_kwargs),
+            states=states,
+            pbt=pbt,
+            stop=stop,
+            progress=progress,
+            t_start=t_start,
         )
+    except BaseException as exc:
+        if getattr(exc, "resume_from", None):  # (a member's checkpoint saved: the population resumes as one)
+            exc.resume_from = run_dir  # type: ignore[attr-defined]
+        raise
+    wall = time.perf_counter() - t_start
+    return members_result(members, trained["results"], run_dir, wall, one_by_one=trained["one_by_one"])
+
+
+def _train(members, cfg: PPOConfig, monitors, *, env, states, pbt, stop, progress, t_start) -> dict:
+    """``train_members`` on one engine of every member's envs, split into their rows."""
+    from ..run.members import train_members
+    from ..storage.member_rows import MemberEnvs
+    from .launch import build_storage
+
+    try:
+        num_envs = len(members) * cfg.num_envs
+        storage = build_storage(env[0], PPOConfig.from_dict({**cfg.to_dict(), "num_envs": num_envs}), env_kwargs=env[1])
     except BaseException:
         for mon in monitors:
             mon.close()
         raise
-    trained = train_members(
+    return train_members(
         members,
-        MemberEnvs(storage, K),
+        MemberEnvs(storage, len(members)),
         monitors,
-        env_id=env_id,
-        env_kwargs=env_kwargs,
+        env_id=env[0],
+        env_kwargs=env[1],
         resumes=[s[0] for s in states],
         done=[s[1] for s in states],
         pbt=pbt,
@@ -194,8 +216,6 @@ def run_members(
         progress=progress,
         t_start=t_start,
     )
-    wall = time.perf_counter() - t_start
-    return members_result(members, trained["results"], run_dir, wall, one_by_one=trained["one_by_one"])
 
 
 def _settle(env_id, env_kwargs, config, seeds, sweep, pbt_every, *, run_dir: str, resume: bool, changes) -> dict:

@@ -156,7 +156,7 @@ class Members:
         for k, run in enumerate(self.runs):
             if run is None or self.results[k] is not None:
                 continue
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), self.population.as_member(k):  # (its RNG state, if it saves now)
                 run.emergency_checkpoint(exc)
             with contextlib.suppress(Exception):
                 run.release()
