@@ -297,7 +297,10 @@ def plot(report: dict, path: str) -> str:
         ax.set_xlabel(label)
         ax.set_ylabel("mean return: IQM over runs")
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="best", fontsize="small")
+        if ax.get_legend_handles_labels()[0]:  # (no group's runs logged a curve: nothing to name)
+            ax.legend(loc="best", fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "no learning curves logged", ha="center", va="center", transform=ax.transAxes)
     fig.suptitle(f"IQM with {round(100 * report['confidence'])}% bootstrap bands")
     fig.tight_layout()
     fig.savefig(path)

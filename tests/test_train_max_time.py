@@ -14,8 +14,8 @@ import pytest
 import torch
 from helpers import run_clock, stop_checks
 
-from fastvec.train.algo.checkpoints import load_checkpoint
 from fastvec._cli_util import duration
+from fastvec.train.algo.checkpoints import load_checkpoint
 from fastvec.train.commands.cli import main as cli_main
 
 BATCH = 8 * 32  # the CartPole preset's rollout: 8 envs x 32 steps

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -272,6 +273,13 @@ def test_the_command_trains_members_and_eval_takes_one(tmp_path):
     assert json.loads(ev.stdout.strip().splitlines()[-1])["member"] == os.path.basename(best["run_dir"])
     bad = _cli(["eval", str(d), "--member", "7"], tmp_path)
     assert bad.returncode == 2 and "member 7" in bad.stderr
+    # each member's model card names its run alone, whose config is the member's
+    card = (d / "seed-1" / "README.md").read_text()
+    alone = next(x for x in card.splitlines() if x.startswith("# member seed-1 alone: fastvec train "))
+    argv = shlex.split(alone.split(": ", 1)[1])[1:]
+    listed = _cli([*argv, "--list-keys"], tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == load_checkpoint(str(d / "seed-1"))["config"]
 
 
 def _wait_for(path_glob: str, count: int, proc, timeout: float = 120) -> None:

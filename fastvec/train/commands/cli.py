@@ -38,7 +38,7 @@ from ..._cli_util import OneLineParser as _Parser
 from ..._cli_util import fail_line
 from .launch import build_storage, check_backend, main_spin_for, run_training
 from .members import add_member_flags, is_population, member_path, members_call
-from .outputs import model_card, track_settings
+from .outputs import member_cards, model_card, track_settings
 from .train_flags import backend_flags, file_flags, run_flags
 
 __all__ = ["main", "build_config", "build_storage", "main_spin_for", "run_training"]
@@ -240,7 +240,7 @@ def _train_members(args) -> int:
         call = members_call(args, build_config, lambda cfg: _apply_flags(cfg, args))
     except (ConfigError, ValueError) as exc:
         return fail_line("train", exc, 2)
-    return _train_run(call)
+    return _train_run(call, lambda result: member_cards(args, result))
 
 
 def _nproc(args, cfg, resume) -> int:
