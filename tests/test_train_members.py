@@ -81,7 +81,7 @@ def test_a_member_is_its_run_alone(tmp_path, env_id, over):
     pop = run_members(env_id, cfg, seeds=[3, 7], run_dir=str(tmp_path / "pop"), progress=False, tensorboard=False)
     assert pop["labels"] == ["seed-3", "seed-7"]
     at_once = over.get("learner") != "torch"  # (autograd's members learn one by one, as alone)
-    assert pop["learned_at_once"] is at_once
+    assert pop["learned_at_once"] is at_once and pop["acted_at_once"] is at_once
     for seed in (3, 7):
         member = load_checkpoint(str(tmp_path / "pop" / f"seed-{seed}" / "checkpoint.pt"))
         solo = _solo(tmp_path, env_id, cfg, seed)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..storage.member_rows import MemberEnvs
-from .stacked import StackedMembers
+from .stacked import StackedActor, StackedMembers
 
 __all__ = ["Population", "copy_member"]
 
@@ -50,6 +50,7 @@ class Population:
         self._rng: list[tuple | None] = [None] * self.size
         self._current: int | None = None
         self._stacked: StackedMembers | None = None
+        self._actor: StackedActor | None = None  # every member acting in one batched pass
 
     def seed(self, k: int, seed: int) -> None:
         """Member k's random numbers start as a run alone's with ``seed`` (torch's and
@@ -90,7 +91,16 @@ class Population:
         (``fastvec.train.algo.stacked``); None if they do, else why they learn one by one."""
         ppos = {k: ppo for k, ppo in enumerate(self.ppos) if ppo is not None}
         self._stacked = StackedMembers.adopt(ppos)
+        every = len(ppos) == self.size and self._stacked is not None
+        if every and StackedActor.why_not(list(ppos.values())) is None:  # (acting at once too)
+            base = self.envs.storage
+            self._actor = StackedActor(self._stacked, base.obs, base.act)
         return None if self._stacked is not None else (StackedMembers.why_not(list(ppos.values())) or "one member")
+
+    @property
+    def acts_at_once(self) -> bool:
+        """Whether the members act in one batched pass while all of them run."""
+        return self._actor is not None
 
     def learn(self, members: list[int]) -> None:
         """The members named learn from the rollout just collected: each its targets,
@@ -117,10 +127,29 @@ class Population:
                 ppo.collector.threads.use(ppo.collector.threads.act)
                 with torch.inference_mode():
                     ppo.collector.draw_noise(ppo.rollout.noise)
-        t_act, t_env = self._steps(ppos)
+        if self._actor is not None and len(members) == self.size:
+            t_act, t_env = self._steps_at_once(ppos)
+        else:
+            t_act, t_env = self._steps(ppos)
         for ppo, spent in zip(ppos, t_act):
             ppo.collector.count(spent, t_env, ppo.T)
             ppo.count_rollout()
+
+    def _steps_at_once(self, ppos: list) -> tuple[list[float], float]:
+        """``_steps`` with every member acting in one batched pass (``StackedActor``);
+        each member's share of the acting time is an equal part."""
+        actor, step, perf = self._actor, self.envs.step, time.perf_counter
+        t_act = t_env = 0.0
+        actor.begin(ppos)
+        for t in range(ppos[0].T):
+            t0 = perf()
+            actor.act(t)
+            t1 = perf()
+            step(t + 1)
+            t_env += perf() - t1
+            t_act += t1 - t0
+        actor.end(ppos)
+        return [t_act / len(ppos)] * len(ppos), t_env
 
     def _steps(self, ppos: list) -> tuple[list[float], float]:
         """The rollout's T steps: each member acts on its rows of slot t (its own copies

@@ -351,3 +351,71 @@ class StackedMembers:
             w.add_(m / denom * col([-lr / (1.0 - b1**o.t) for lr, o in zip(lrs, opts)]))
             if idx is not None:
                 self.m[idx], self.v[idx], self.param[idx] = m, v, w
+
+
+class StackedActor:
+    """The members' acting step at once: every member's actor on its rows of the slot
+    (``[K, N, ...]`` views of the storage's ``[K N, ...]`` arrays), numpy's batched matmul
+    over the actor rows of ``StackedMembers``; the arithmetic of ``NumpyActor`` per member.
+    ``begin(ppos)`` before a rollout (the members' noise, normalisers); ``act(t)`` acts on
+    slot t into slot t + 1; ``end(ppos)`` gives each member its raw samples."""
+
+    @staticmethod
+    def why_not(ppos: list) -> str | None:
+        for ppo in ppos:
+            np_actor = None if ppo.policy.image else ppo.policy.acting_path().numpy
+            if np_actor is None or ppo.rollout.copies or ppo.policy.masked:
+                return "a member acts outside the numpy actor (an image, a mask, another activation, a device)"
+        return None
+
+    def __init__(self, stacked: StackedMembers, obs: np.ndarray, act: np.ndarray):
+        self.learner = stacked.learner
+        K = stacked.param.shape[0]
+        self.obs_rows = obs.reshape(obs.shape[0], K, -1, *obs.shape[2:])  # [T + 1, K, N, ...] views
+        self.act_rows = act.reshape(act.shape[0], K, -1, *act.shape[2:])
+        self.noise: np.ndarray | None = None
+        self.raw: np.ndarray | None = None
+        self.norm: tuple | None = None
+
+    def begin(self, ppos: list) -> None:
+        """A rollout's start: the members' sampling noise stacked, their normalisers read."""
+        self.noise = np.stack([ppo.rollout.noise.numpy() for ppo in ppos], 1)  # [T, K, N, ...]
+        first = ppos[0].policy.acting_path().numpy
+        self.np_actor = first
+        if first.norm is not None:
+            paths = [ppo.policy.acting_path().numpy for ppo in ppos]
+            shift = np.stack([p.norm[0] for p in paths])[:, None]
+            scale = np.stack([p.norm[1] for p in paths])[:, None]
+            self.norm = (shift, scale, first.norm[2])
+        self.raw = np.empty(self.noise.shape, np.float32) if first.gaussian else None
+
+    def act(self, t: int) -> None:
+        K, n = self.act_rows.shape[1], self.act_rows.shape[2]
+        x = self.obs_rows[t].reshape(K, n, -1)
+        if self.norm is not None:
+            shift, scale, clip = self.norm
+            x = np.subtract(x, shift, dtype=np.float32)
+            x *= scale
+            np.clip(x, -clip, clip, out=x)
+        elif x.dtype != np.float32:
+            x = x.astype(np.float32)
+        _hs, params = self.learner._forward(self.learner.actor, x)
+        a = self.np_actor
+        if a.gaussian:
+            raw = self.raw[t]
+            np.multiply(np.exp(self.learner.log_std[0])[:, None, :], self.noise[t], out=raw)
+            raw += params
+            out = self.act_rows[t + 1].reshape(K, n, -1)
+            out[...] = raw
+            if a.bounded:
+                np.minimum(out, a.high, out=out)
+                np.maximum(out, a.low, out=out)
+        else:
+            params += self.noise[t].reshape(K, n, -1)
+            self.act_rows[t + 1].reshape(K, n)[...] = params.argmax(-1)
+
+    def end(self, ppos: list) -> None:
+        """The rollout's raw Gaussian samples into each member's rollout (its learner's)."""
+        if self.raw is not None:
+            for k, ppo in enumerate(ppos):
+                ppo.rollout.raw.numpy()[...] = self.raw[:, k]

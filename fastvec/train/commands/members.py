@@ -187,7 +187,9 @@ def run_members(
             exc.resume_from = run_dir  # type: ignore[attr-defined]
         raise
     wall = time.perf_counter() - t_start
-    return members_result(members, trained["results"], run_dir, wall, one_by_one=trained["one_by_one"])
+    return members_result(
+        members, trained["results"], run_dir, wall, one_by_one=trained["one_by_one"], acted=trained["acted_at_once"]
+    )
 
 
 def _train(members, cfg: PPOConfig, monitors, *, env, states, pbt, stop, progress, t_start) -> dict:
@@ -287,7 +289,12 @@ def _sweep_items(sweep: dict | None) -> list[str]:
 
 
 def members_result(
-    members: list[Member], results: list[dict | None], run_dir: str, wall: float, one_by_one: str | None = None
+    members: list[Member],
+    results: list[dict | None],
+    run_dir: str,
+    wall: float,
+    one_by_one: str | None = None,
+    acted: bool = False,
 ) -> dict:
     """The population's result, written to ``run_dir/result.json``: every member's (read
     back from its directory where it finished before a resume), the population's wall
@@ -321,6 +328,7 @@ def members_result(
         # the members' updates: at once (fastvec.train.algo.stacked), or one by one and why
         "learned_at_once": one_by_one is None,
         "one_by_one": one_by_one,
+        "acted_at_once": acted,  # every member's acting step as one batched pass (StackedActor)
         "run_dir": run_dir,
         "results": results,
     }

@@ -49,7 +49,8 @@ def train_members(
     """Train ``members`` on ``envs`` (their rows, member k's ``envs.rows[k]``), member k
     logging to ``monitors[k]``; returns ``{"results": each member's result (None for a
     member that was ``done`` before: a resumed population's finished members, whose envs
-    only step), "one_by_one": why the members learned one by one (None: at once)}``.
+    only step), "one_by_one": why the members learned one by one (None: at once),
+    "acted_at_once": whether they acted in one batched pass}``.
     ``resumes[k]``: member k's checkpoint to continue (None: it starts afresh). ``pbt``:
     a ``fastvec.train.run.pbt.Pbt`` the members train under (None: independently).
     Closes the envs and the monitors."""
@@ -67,7 +68,7 @@ def train_members(
         raise
     finally:
         envs.close()
-    return {"results": pop.results, "one_by_one": pop.one_by_one}
+    return {"results": pop.results, "one_by_one": pop.one_by_one, "acted_at_once": pop.population.acts_at_once}
 
 
 class Members:
