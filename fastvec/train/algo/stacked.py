@@ -23,6 +23,10 @@ over ``stack_module_state``'s parameters with CartPole's minibatch of 64; with
 HalfCheetah's of 256, 2.2, 2.2 and 4.7 ms: the arithmetic dominates there, and the
 stacked pass saves only the calls.
 
+``StackedActor`` is the acting step's twin: while every member runs, their actors act
+on their rows of a slot in one batched pass (each with its own noise, drawn per rollout
+from its stream, and its observation normaliser).
+
 It serves the members the numpy learner serves (an MLP over a Box or Discrete space on
 the CPU, one learner thread: ``NumpyLearner.why_not``); other members update one after
 another.
