@@ -235,12 +235,12 @@ def test_eval_feeds_each_agent_episode_a_fresh_state():
     fed, acting, ended = [], [], []
 
     class Spy:
-        recurrent, state_size = True, pol.state_size
+        recurrent, state_size, masked = True, pol.state_size, pol.masked
 
-        def predict(self, obs, deterministic, state):
+        def predict(self, obs, deterministic, state, mask=None):
             fed.append(state.clone())
             acting.append(venv.active)
-            return pol.predict(obs, deterministic, state)
+            return pol.predict(obs, deterministic, state, mask=mask)
 
     class Flags:  # the vector env, its step's flags recorded
         def __getattr__(self, name):

@@ -178,12 +178,14 @@ def _start_recorder(folder: str) -> subprocess.Popen:
     env["PYTHONPATH"] = os.pathsep.join(path)
     if not env.get("DISPLAY") and not env.get("MUJOCO_GL"):
         env["MUJOCO_GL"] = "egl"
+    folder = os.path.abspath(folder)
     proc = subprocess.Popen(
         [sys.executable, "-m", "fastvec.train.commands.videos", folder],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=env,
+        cwd=folder,  # (not this process's cwd: `-m` puts it first, and a fastvec source tree there would shadow)
         start_new_session=True,
     )
     assert proc.stdout is not None
