@@ -622,3 +622,68 @@ class MaskedChoiceEnv(gym.Env):
         if self.render_mode != "rgb_array":
             return None
         return np.repeat(np.repeat(self.mask.astype(np.uint8) * 255, 8)[None, :, None], 8, 0).repeat(3, 2)
+
+
+# --------------------------------------------------------------------------- composite actions
+class CompositeActionEnv(gym.Env):
+    """A composite action space of every leaf kind: ``Dict(move=Discrete(3, start=-1),
+    aim=Tuple(Box(-1, 1, (2,)), MultiBinary(2)), gear=MultiDiscrete([2, 3]))``. Each step
+    shows a target (the observation: the target move one-hot, the target point, the
+    target bits, the target gears one-hot) and pays for each part matched: 1 for the move,
+    1 for the gears (both), the fraction of bits matched, and ``1 - |aim - point|`` on
+    average over the point's two axes; 4 a step at best, ``length`` steps an episode. A
+    policy blind to one leaf loses that leaf's part. ``received`` keeps the last action
+    the env was given (for the tests)."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(self, length: int = 8, render_mode: str | None = None):
+        self.length, self.render_mode = int(length), render_mode
+        self.action_space = spaces.Dict(
+            {
+                "move": spaces.Discrete(3, start=-1),
+                "aim": spaces.Tuple((spaces.Box(-1.0, 1.0, (2,), np.float32), spaces.MultiBinary(2))),
+                "gear": spaces.MultiDiscrete([2, 3]),
+            }
+        )
+        self.observation_space = spaces.Box(-1.0, 1.0, (12,), np.float32)
+        self.t = 0
+        self.received = None
+
+    def _draw(self) -> None:
+        r = self.np_random
+        self.move, self.point = int(r.integers(-1, 2)), r.uniform(-0.8, 0.8, 2).astype(np.float32)
+        self.bits, self.gears = r.integers(0, 2, 2), np.array([r.integers(0, 2), r.integers(0, 3)])
+
+    def _obs(self):
+        obs = np.zeros(12, np.float32)
+        obs[self.move + 1] = 1.0
+        obs[3:5] = self.point
+        obs[5:7] = self.bits
+        obs[7 + self.gears[0]] = 1.0
+        obs[9 + self.gears[1]] = 1.0
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self._draw()
+        return self._obs(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        self.received = action
+        aim, bits = action["aim"]
+        reward = float(action["move"] == self.move) + float(np.array_equal(action["gear"], self.gears))
+        reward += float(np.mean(bits == self.bits)) + float(1.0 - np.abs(aim - self.point).mean())
+        self.t += 1
+        self._draw()
+        return self._obs(), reward, False, self.t >= self.length, {}
+
+    def render(self):
+        frame = np.zeros((16, 48, 3), np.uint8)
+        frame[:, 16 * (self.move + 1) : 16 * (self.move + 2)] = 255
+        return frame
+
+
+gym.register("FvComposite-v0", entry_point=__name__ + ":CompositeActionEnv")

@@ -81,6 +81,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
+from ...composite_actions import flat_actions_factory
 from ...env_ids import env_id_problem, env_problem, is_atari, make_entry_env, own_env_kind, registered_spec
 from .rules import ConfigError
 
@@ -338,13 +339,17 @@ def _make_atari(env_id: str, env_kwargs: dict):
 
 
 def env_factory(env_id: str, env_kwargs: dict | None = None):
-    """A picklable zero-argument callable that builds one env for ``env_id``."""
+    """A picklable zero-argument callable that builds one env for ``env_id``, as the
+    trainer steps it: a ``Dict``/``Tuple`` action space taken as one flat vector
+    (``fastvec.composite_actions.FlatActions``)."""
     env_kwargs = dict(env_kwargs or {})
     if own_env_kind(env_id) == "entry":
-        return functools.partial(make_entry_env, env_id, env_kwargs)
-    if is_atari(env_id):
+        fn = functools.partial(make_entry_env, env_id, env_kwargs)
+    elif is_atari(env_id):
         return functools.partial(_make_atari, env_id, env_kwargs)
-    return functools.partial(_make_plain, env_id, env_kwargs)
+    else:
+        fn = functools.partial(_make_plain, env_id, env_kwargs)
+    return flat_actions_factory(fn)
 
 
 class CartPoleNoVel(CartPoleEnv):

@@ -26,6 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .distributions import CategoricalDist
+
 __all__ = ["ActingPath", "NumpyActor", "vector_input", "build_acting_path"]
 
 # The functional forms of the activation modules (the modules call these, with their
@@ -166,7 +168,9 @@ def build_acting_path(
         one_hot_start is None
         and weights[0].device.type == "cpu"
         and (kind is None or kind in _NUMPY_ACTIVATIONS)
-        and (gaussian or (dist.k == 1 and not dist.has_mask and not dist.has_start))
+        and (
+            gaussian or (isinstance(dist, CategoricalDist) and dist.k == 1 and not dist.has_mask and not dist.has_start)
+        )
     ):
         norm = None
         if obs_norm is not None:

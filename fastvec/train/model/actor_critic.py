@@ -46,7 +46,7 @@ from gymnasium import spaces
 from ..compute.ranks import SOLO, Ranks
 from .acting import ActingPath, build_acting_path, vector_input
 from .cores import make_core
-from .distributions import GaussianDist, make_dist
+from .distributions import GaussianDist, ProductDist, make_dist
 from .encoders import ACTIVATIONS, NatureCNN, RunningNorm, mlp_encoder, orthogonal
 from .observations import (
     Leaves,
@@ -363,7 +363,7 @@ class ActorCritic(nn.Module):
         m = self._predict_mask(mask, n, dev)
         out = torch.empty(
             (n, *self.dist.action_shape),
-            dtype=torch.float32 if isinstance(self.dist, GaussianDist) else torch.int64,
+            dtype=self.dist.raw_action_dtype or torch.int64,
             device=dev,
         )
         noise = self.dist.sample_noise(torch.empty(self.dist.noise_shape(n), device=dev))
@@ -485,7 +485,7 @@ def make_policy(
 
 
 def describe_policy(policy: ActorCritic) -> str:
-    dist = "gaussian" if isinstance(policy.dist, GaussianDist) else "categorical"
+    dist = {GaussianDist: "gaussian", ProductDist: "product"}.get(type(policy.dist), "categorical")
     n = sum(p.numel() for p in policy.parameters())
     core = f"+{policy.core_kind}" if policy.recurrent else ""
     masked = "+masked" if policy.masked else ""

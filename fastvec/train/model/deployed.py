@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .actor_critic import ActorCritic
-from .distributions import GaussianDist
+from .distributions import GaussianDist, ProductDist
 
 __all__ = ["DeployedPolicy"]
 
@@ -51,6 +51,8 @@ class DeployedPolicy(nn.Module):
                 "a policy trained with action masks is not exported (its actions need the env's mask): "
                 "use ActorCritic.predict(obs, mask=...)"
             )
+        if isinstance(policy.dist, ProductDist):
+            raise ValueError("fastvec export does not export composite-action policies yet (eval runs them)")
         if policy.kind == "multi":
             raise ValueError("fastvec export does not export Dict/Tuple-observation policies yet (eval runs them)")
         self.deterministic = bool(deterministic)

@@ -2,7 +2,9 @@
 
 - ``CategoricalDist``: independent categoricals for ``Discrete``, ``MultiDiscrete`` (one
   per component) and ``MultiBinary`` (two-way) actions;
-- ``GaussianDist``: a diagonal Gaussian with a state-independent log std for ``Box``.
+- ``GaussianDist``: a diagonal Gaussian with a state-independent log std for ``Box``;
+- ``ProductDist``: one of those per leaf of a ``Dict``/``Tuple`` action space
+  (``fastvec.composite_actions``), the log-probabilities and entropies summed.
 
 A categorical built with ``masked=True`` takes action masks (``fastvec.action_masks``):
 one boolean per choice, the components' masks concatenated (``[B, sum(nvec)]``); masked
@@ -26,7 +28,9 @@ import torch
 import torch.nn as nn
 from gymnasium import spaces
 
-__all__ = ["CategoricalDist", "GaussianDist", "make_dist"]
+from ...composite_actions import FlatActionBox, action_leaves, is_composite_action
+
+__all__ = ["CategoricalDist", "GaussianDist", "ProductDist", "make_dist"]
 
 
 class CategoricalDist(nn.Module):
@@ -207,9 +211,91 @@ class GaussianDist(nn.Module):
         return self.log_prob_entropy(params, raw_actions, need_entropy=False)[0]
 
 
+class ProductDist(nn.Module):
+    """A composite (``Dict``/``Tuple``) action space's distribution: one factor per leaf
+    (``make_dist``'s for the leaf's space), independent, so the log-probability and the
+    entropy are the factors' sums. Its actions are the flat ``float32`` vectors of
+    ``fastvec.composite_actions`` (what the env's ``FlatActions`` takes); its raw actions,
+    which ``log_prob`` takes, the same vectors with each Gaussian leaf's sample unclipped."""
+
+    masked = False
+
+    def __init__(self, flat: FlatActionBox, log_std_init: float = 0.0):
+        super().__init__()
+        self.leaves = action_leaves(flat.composite)
+        self.parts = nn.ModuleList(make_dist(leaf.space, log_std_init) for leaf in self.leaves)
+        self.dim = int(flat.shape[0])
+        self.action_shape = (self.dim,)
+        self.raw_action_dtype = torch.float32
+        self.n_params = sum(p.n_params for p in self.parts)
+        self.param_cols = _columns([p.n_params for p in self.parts])
+        self.noise_cols = _columns([math.prod(p.noise_shape(1)[1:]) for p in self.parts])
+        self.action_cols = [(leaf.start, leaf.start + leaf.width) for leaf in self.leaves]
+
+    def noise_shape(self, n_envs: int):
+        return (n_envs, self.noise_cols[-1][1])
+
+    def sample_noise(self, out: torch.Tensor) -> torch.Tensor:
+        """Each factor's noise into its columns of ``out`` (``[..., noise columns]``)."""
+        for part, (a, b) in zip(self.parts, self.noise_cols):
+            part.sample_noise(out[..., a:b])
+        return out
+
+    def _factors(self, params: torch.Tensor, other: torch.Tensor, noise: bool):
+        """Each factor with its columns of ``params`` and of ``other`` (the noise, shaped
+        as the factor draws it, or the actions)."""
+        b = params.shape[0]
+        for part, (pa, pb), (oa, ob) in zip(
+            self.parts, self.param_cols, self.noise_cols if noise else self.action_cols
+        ):
+            piece = other[:, oa:ob]
+            yield part, params[:, pa:pb], piece.reshape(b, *part.noise_shape(b)[1:]) if noise else piece
+
+    def act_(self, params, noise, act_out, raw_out=None, deterministic=False, mask=None):
+        """Sample each factor; the env's flat actions into ``act_out`` (``[B, dim]``) and
+        the raw ones into ``raw_out`` (where given); returns the raw ones."""
+        b = params.shape[0]
+        acts, raws = [], []
+        for part, p, z in self._factors(params, noise, noise=True):
+            if isinstance(part, GaussianDist):
+                act = torch.empty((b, part.dim), device=params.device)
+                raw = part.act_(p, z, act, None, deterministic)
+            else:
+                idx = torch.empty((b, part.k), dtype=torch.int64, device=params.device)
+                act = raw = part.act_(p, z, idx, None, deterministic).reshape(b, part.k).float()
+            acts.append(act)
+            raws.append(raw)
+        raw = torch.cat(raws, 1)
+        act_out.reshape(b, self.dim).copy_(torch.cat(acts, 1))
+        if raw_out is not None:
+            raw_out.copy_(raw)
+        return raw
+
+    def log_prob_entropy(self, params, raw_actions, need_entropy=True, mask=None):
+        """The factors' log-probabilities and entropies, summed (``mask``: always None)."""
+        logp = ent = None
+        for part, p, a in self._factors(params, raw_actions.reshape(params.shape[0], self.dim), noise=False):
+            lp, e = part.log_prob_entropy(p, a, need_entropy)
+            logp = lp if logp is None else logp + lp
+            ent = e if ent is None else ent + e
+        return logp, ent
+
+    def log_prob(self, params, raw_actions, mask=None):
+        return self.log_prob_entropy(params, raw_actions, need_entropy=False)[0]
+
+
+def _columns(widths) -> list[tuple[int, int]]:
+    ends = np.cumsum(widths).tolist()
+    return [(int(e - w), int(e)) for w, e in zip(widths, ends)]
+
+
 def make_dist(act_space: spaces.Space, log_std_init: float = 0.0, masked: bool = False) -> nn.Module:
     """The distribution for ``act_space``; ``masked``: one that takes action masks
     (``Discrete`` and ``MultiDiscrete`` only)."""
+    if isinstance(act_space, FlatActionBox):
+        if masked:
+            raise ValueError("action masks serve Discrete and MultiDiscrete actions, not composite ones")
+        return ProductDist(act_space, log_std_init)
     if isinstance(act_space, spaces.Discrete):
         return CategoricalDist([act_space.n], [act_space.start], action_shape=(), masked=masked)
     if isinstance(act_space, spaces.MultiDiscrete):
@@ -226,7 +312,12 @@ def make_dist(act_space: spaces.Space, log_std_init: float = 0.0, masked: bool =
         if not np.issubdtype(act_space.dtype, np.floating):
             raise ValueError(f"the PPO trainer needs a floating-point Box for continuous actions, got {act_space}")
         return GaussianDist(act_space, log_std_init)
+    if is_composite_action(act_space):  # (a vector env of the user's own: its envs not wrapped)
+        raise ValueError(
+            f"the PPO trainer takes {type(act_space).__name__} actions from envs it builds by id, or from "
+            "envs wrapped in fastvec.composite_actions.FlatActions"
+        )
     raise ValueError(
         f"the PPO trainer does not support {type(act_space).__name__} actions; "
-        "use Discrete, MultiDiscrete, MultiBinary or Box"
+        "use Discrete, MultiDiscrete, MultiBinary, Box, or a Dict/Tuple of them"
     )

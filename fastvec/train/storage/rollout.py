@@ -9,7 +9,6 @@ import torch
 
 from ..compute.pinned import alloc
 from ..model.actor_critic import ActorCritic
-from ..model.distributions import GaussianDist
 from ..model.observations import as_torch, empty_like_on
 
 __all__ = ["Rollout", "StepSlots"]
@@ -24,7 +23,7 @@ class StepSlots(NamedTuple):
     noise: torch.Tensor  # the sampling noise of step t
     act: torch.Tensor  # action slot t + 1, where the policy writes it
     act_host: torch.Tensor  # action slot t + 1, where the env reads it
-    raw: torch.Tensor | None  # the Gaussian's unclipped sample (None: categorical)
+    raw: torch.Tensor | None  # the raw sample log_prob takes (a Gaussian's unclipped; None: categorical)
     logp: torch.Tensor | None  # log-prob and value, where the policy gives them while
     value: torch.Tensor | None  # acting (a shared trunk); None: computed per rollout
     mask: torch.Tensor | None = None  # action mask slot t, where the policy reads it (None: unmasked)
@@ -89,7 +88,7 @@ class Rollout:
         active = getattr(storage, "active", None)  # [T+1, N]: the rows that act (agents); None: all
         self.active = None if active is None else torch.from_numpy(active)
         dist = self.dist = policy.dist
-        self.gaussian = isinstance(dist, GaussianDist)
+        self.keeps_raw = dist.raw_action_dtype is not None  # (a Gaussian's unclipped samples, a ProductDist's)
         self.shared = shared
         self._learner_arrays(device.type == "cuda" if pin is None else pin)
         self._acting_arrays(dist)
@@ -102,7 +101,7 @@ class Rollout:
                 self.noise[t],
                 self.act_dev[t + 1],
                 self.act[t + 1],
-                self.raw[t] if self.gaussian else None,
+                self.raw[t] if self.keeps_raw else None,
                 self.logp[t] if at_act else None,
                 self.values[t] if at_act else None,
                 None if self.mask is None else self.mask_dev[t],
@@ -132,7 +131,7 @@ class Rollout:
         self.next_values_host = torch.from_numpy(self.next_values_np)
         if self.copies:
             self.obs_dev = empty_like_on(self.obs, dev)
-            act_dtype = torch.float32 if self.gaussian else torch.int64
+            act_dtype = torch.float32 if self.keeps_raw else torch.int64
             self.act_dev = torch.empty(self.act.shape, dtype=act_dtype, device=dev)
             self.values = torch.empty((T + 1, N), device=dev)
             self.adv = torch.empty((T, N), device=dev)
@@ -150,10 +149,10 @@ class Rollout:
         T, N, dev = self.T, self.N, self.device
         if self.shared is not None and not self.copies:
             self.logp = torch.from_numpy(self.shared["logp"])
-            self.raw = torch.from_numpy(self.shared["raw"]) if self.gaussian else None
+            self.raw = torch.from_numpy(self.shared["raw"]) if self.keeps_raw else None
         else:
             self.logp = torch.empty((T, N), device=dev)
-            self.raw = torch.empty((T, N, dist.dim), device=dev) if self.gaussian else None
+            self.raw = torch.empty((T, N, dist.dim), device=dev) if self.keeps_raw else None
         self.noise = torch.empty((T, *dist.noise_shape(N)), device=dev)
 
     def _mask_arrays(self, storage, policy) -> None:
@@ -255,7 +254,7 @@ class Rollout:
             return
         T, sh = self.T, self.shared
         self.obs_dev.copy_(self.obs, non_blocking=True)
-        if self.gaussian:
+        if self.keeps_raw:
             self.raw.copy_(torch.from_numpy(sh["raw"]), non_blocking=True)
         else:
             self.act_dev[1:].copy_(self.act[1:], non_blocking=True)
@@ -272,9 +271,9 @@ class Rollout:
         return self.obs_dev[: self.T].flatten(0, 1)
 
     def batch_actions(self) -> torch.Tensor:
-        """The rollout's actions, sample ``t * N + n`` in row ``t * N + n`` (a Gaussian's
-        raw samples; a masked run's joined with the masks acting honoured)."""
-        if self.gaussian:
+        """The rollout's actions, sample ``t * N + n`` in row ``t * N + n`` (a Gaussian's or a
+        composite action's raw samples; a masked run's joined with the masks acting honoured)."""
+        if self.keeps_raw:
             return self.raw.reshape(self.T * self.N, -1)
         a = self.act_dev[1:]
         a = a.reshape(self.T * self.N, *a.shape[2:])

@@ -121,6 +121,11 @@ class RolloutStorage(Protocol):
 
 
 def single_leaf(space, what: str, where: str = ""):
+    if isinstance(space, Dict | Tuple) and what == "action":  # (an env id's are flattened in its workers)
+        raise ValueError(
+            f"the PPO trainer takes {type(space).__name__} actions from envs it builds by id, or from envs "
+            f"wrapped in fastvec.composite_actions.FlatActions{where}; got {space}"
+        )
     if isinstance(space, Dict | Tuple):
         raise ValueError(
             f"the PPO trainer needs a single (non Dict/Tuple) {what} space{where}, got {space}; "
