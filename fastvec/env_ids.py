@@ -239,21 +239,37 @@ def make_entry_env(env_id: str, env_kwargs: dict | None = None):
 
 
 def env_problem(env_id: str, env_kwargs: dict | None = None, agents: bool = True) -> str | None:
-    """``env_id_problem``, then one env built here where ``env_id`` is an entry point
-    (``MODULE:CALLABLE``) or ``env_kwargs`` are given: why it fails to build with them or
-    is no ``gymnasium.Env``, in one line; None where it builds."""
+    """``env_id_problem``, then one env built here where ``env_id`` is an env of your own
+    (``MODULE:ENV_ID`` or an entry point ``MODULE:CALLABLE``) or ``env_kwargs`` are given:
+    why it fails to build with them, is no ``gymnasium.Env``, or has a composite action
+    space with a leaf the trainer cannot act on (``fastvec.composite_actions``), in one
+    line; None where it builds."""
     why = env_id_problem(env_id, agents)
-    if why is not None or is_pettingzoo(env_id) or (not env_kwargs and own_env_kind(env_id) != "entry"):
+    if why is not None or is_pettingzoo(env_id) or (not env_kwargs and own_env_kind(env_id) is None):
         return why
     try:
         env = _build(env_id, env_kwargs)
     except Exception as exc:  # a setting the env does not take, or the env's own failure
         return f"{env_id} with settings {dict(env_kwargs or {})} raised {type(exc).__name__}: {_first_line(exc)}"
-    why = _not_an_env(env_id, env)
+    why = _not_an_env(env_id, env) or _action_problem(env_id, env)
     close = getattr(env, "close", None)
     if callable(close):
         close()
     return why
+
+
+def _action_problem(env_id: str, env) -> str | None:
+    """Why the trainer cannot act on ``env``'s composite action space (None: it can, or
+    the space is not composite)."""
+    from .composite_actions import action_leaves, is_composite_action
+
+    if not is_composite_action(env.action_space):
+        return None
+    try:
+        action_leaves(env.action_space)
+    except ValueError as exc:
+        return f"{env_id}: {exc}"
+    return None
 
 
 def _build(env_id: str, env_kwargs: dict | None):

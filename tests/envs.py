@@ -633,19 +633,20 @@ class CompositeActionEnv(gym.Env):
     1 for the gears (both), the fraction of bits matched, and ``1 - |aim - point|`` on
     average over the point's two axes; 4 a step at best, ``length`` steps an episode. A
     policy blind to one leaf loses that leaf's part. ``received`` keeps the last action
-    the env was given (for the tests)."""
+    the env was given (for the tests); ``text_leaf``: a ``Text`` leaf ``say`` besides."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
-    def __init__(self, length: int = 8, render_mode: str | None = None):
+    def __init__(self, length: int = 8, render_mode: str | None = None, text_leaf: bool = False):
         self.length, self.render_mode = int(length), render_mode
-        self.action_space = spaces.Dict(
-            {
-                "move": spaces.Discrete(3, start=-1),
-                "aim": spaces.Tuple((spaces.Box(-1.0, 1.0, (2,), np.float32), spaces.MultiBinary(2))),
-                "gear": spaces.MultiDiscrete([2, 3]),
-            }
-        )
+        leaves = {
+            "move": spaces.Discrete(3, start=-1),
+            "aim": spaces.Tuple((spaces.Box(-1.0, 1.0, (2,), np.float32), spaces.MultiBinary(2))),
+            "gear": spaces.MultiDiscrete([2, 3]),
+        }
+        if text_leaf:  # (a leaf the trainer cannot act on: the refusal tests')
+            leaves["say"] = spaces.Text(4)
+        self.action_space = spaces.Dict(leaves)
         self.observation_space = spaces.Box(-1.0, 1.0, (12,), np.float32)
         self.t = 0
         self.received = None
@@ -687,3 +688,4 @@ class CompositeActionEnv(gym.Env):
 
 
 gym.register("FvComposite-v0", entry_point=__name__ + ":CompositeActionEnv")
+gym.register("FvCompositeText-v0", entry_point=__name__ + ":CompositeActionEnv", kwargs={"text_leaf": True})

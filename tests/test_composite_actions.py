@@ -338,6 +338,9 @@ def test_what_composite_actions_do_not_serve_is_refused_in_one_line(tmp_path):
     out = _fastvec(["train", ENV_ID, "--action-mask", "info", "--total-steps", "64", "--no-progress"], tmp_path)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "action_mask" in out.stderr or "action masks" in out.stderr
+    out = _fastvec(["train", "envs:FvCompositeText-v0", "--total-steps", "64", "--no-progress"], tmp_path)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "the action leaf say is Text" in out.stderr and "worker" not in out.stderr  # (before any started)
     venv = gym.vector.SyncVectorEnv([envs.CompositeActionEnv] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     cfg = PPOConfig(num_envs=2, n_steps=8, minibatch_size=16, total_steps=32, device="cpu")
     with pytest.raises(
