@@ -219,6 +219,23 @@ class Engine(WorkerStartup, BatchGroups, ResetsAndCalls, WorkerReplies, EngineBa
     def envs_of(self, w: int) -> np.ndarray:
         return self.worker_envs[w]
 
+    def pause(self, envs, paused: bool = True) -> None:
+        """From the next step on, leave the envs ``envs`` (indices) unstepped (``paused``),
+        or step them again: a paused env keeps its state, mid-episode too, and its rows of
+        a step read a reward of 0, no end and whatever observation the slot held before.
+        Resets still reach it. What a population's members that have finished ask for
+        (``fastvec.train``): their envs no longer cost their workers a step."""
+        if self._closed:
+            raise ClosedError("this vector env is closed")
+        idx = np.asarray(envs)
+        if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
+            raise ValueError(f"pause takes a sequence of env indices, got {envs!r}")
+        idx = idx.astype(np.int64)  # (an empty list: no env)
+        bad = idx[(idx < 0) | (idx >= self.num_envs)]
+        if bad.size:
+            raise ValueError(f"pause: env {int(bad[0])} is not one of the {self.num_envs} envs")
+        self._paused[idx] = 1 if paused else 0
+
     def _unit(self, w: int) -> str:
         return f"worker {w}"
 

@@ -170,10 +170,17 @@ def test_a_solved_member_stops_and_the_others_go_on(tmp_path):
     pop = run_members(
         "CartPole-v1", cfg, seeds=[1, 2, 3], run_dir=str(tmp_path / "p"), progress=False, tensorboard=False
     )
+    assert pop["acted_at_once"] and pop["learned_at_once"]
     for seed, r in zip((1, 2, 3), pop["results"]):
         assert r["solved"] and r["final_mean_return"] >= 30.0
         solo = _solo(tmp_path, "CartPole-v1", cfg, seed)
         assert r["env_steps"] == solo["env_steps"] < 20_000  # stopped where its run alone stops
+        # acting at once past the others' ends (their envs paused), as the run alone acts:
+        # the same episodes (the weights drift apart by rounding over hundreds of updates)
+        member = load_checkpoint(str(tmp_path / "p" / f"seed-{seed}" / "checkpoint.pt"))
+        ta, tb = member["train_state"]["tracker"], solo["train_state"]["tracker"]
+        assert ta["episodes"] == tb["episodes"] and ta["recent_returns"] == tb["recent_returns"]
+    assert len({r["env_steps"] for r in pop["results"]}) > 1  # (the members stopped apart)
 
 
 # ------------------------------------------------------------------ bad input
@@ -462,3 +469,46 @@ def test_a_failing_env_saves_every_member_and_the_population_resumes(tmp_path):
 
     pop = run_members(run_dir=d, resume=True, changes=one_more_rollout, progress=False, tensorboard=False)
     assert [r["env_steps"] for r in pop["results"]] == [7 * 64, 7 * 64] and all(r["resumed"] for r in pop["results"])
+
+
+def test_paused_envs_keep_their_state_and_cost_their_worker_no_step():
+    """``Engine.pause``: against single envs stepped only while not paused, same seeds
+    and actions: a paused env's rows read a reward of 0 and no end, its state (mid-episode)
+    waits, and once resumed it goes on where it stopped; the others never notice."""
+    import gymnasium as gym
+
+    from fastvec.train import env_factory
+    from fastvec.train.storage.sources import EngineStorage
+
+    n, seeds = 4, [5, 6, 7, 8]
+    engine = fastvec.Engine([env_factory("CartPole-v1")] * n, num_workers=2, num_slots=2, autoreset_mode="same_step")
+    storage = EngineStorage(engine)
+    singles = [gym.make("CartPole-v1") for _ in range(n)]
+    try:
+        storage.reset(seeds)
+        want = [e.reset(seed=s)[0] for e, s in zip(singles, seeds)]
+        np.testing.assert_array_equal(storage.obs[0], np.stack(want))
+        rng = np.random.default_rng(0)
+        for t in range(60):
+            paused = {1, 2} if 10 <= t < 30 else {3} if 30 <= t < 40 else set()
+            engine.pause([i for i in range(n) if i in paused])
+            engine.pause([i for i in range(n) if i not in paused], paused=False)
+            act = rng.integers(0, 2, n)
+            storage.act[1][...] = act
+            storage.step(1)
+            for i, e in enumerate(singles):
+                if i in paused:
+                    assert storage.rewards[1, i] == 0 and not storage.terminated[1, i] and not storage.truncated[1, i]
+                    assert engine.placement_report().env_us is not None
+                    continue
+                obs, r, term, trunc, _ = e.step(int(act[i]))
+                if term or trunc:
+                    obs, _ = e.reset()
+                np.testing.assert_array_equal(storage.obs[1, i], obs)
+                assert storage.rewards[1, i] == r and storage.terminated[1, i] == term
+        with pytest.raises(ValueError, match="pause: env 4 is not one of the 4 envs"):
+            engine.pause([4])
+        with pytest.raises(ValueError, match="pause takes a sequence of env indices"):
+            engine.pause([[0, 1]])
+    finally:
+        storage.close()

@@ -200,6 +200,8 @@ def plan_segment(
         plan.add("ctl", (num_workers + 1, ctl_cols), np.int64)
         # per env: [nanoseconds, steps] in its worker's step loop (fastvec._core.placement)
         plan.add("env_cost", (num_envs, 2), np.int64)
+        # per env: 1 while it is paused (``Engine.pause``): its worker leaves it unstepped
+        plan.add("paused", (num_envs,), np.uint8)
     for i, leaf in enumerate(leaves_of(obs_space, pickled=True)):
         if not leaf.pickled:
             plan.add(f"obs{i}", (num_slots, num_envs) + leaf.shape, leaf.dtype)

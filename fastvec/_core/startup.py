@@ -115,6 +115,7 @@ class WorkerStartup:
         self._pickled_actions = self._pickled is not None and bool(self._pickled.act)
         self._table = InfoTable(arrays["info_table"], arrays["info_mask"], self.worker_envs, P.INFO_COLS)
         self._env_cost = arrays["env_cost"]
+        self._paused = arrays["paused"]
         # step()'s action fast path: one plain leaf with a compiled bounds check.
         writer = self._action_writer
         self._fast_action = None if writer.nested or writer.checks[0].fast is None else writer.checks[0]

@@ -296,6 +296,7 @@ def _attach(fd: int, spec: WorkerSpec, envs: list, rows) -> tuple:
             ],
             final_pytype=arrays.get("final_pytype"),
             cost=arrays.get("env_cost"),
+            paused=arrays.get("paused"),
         )
     )
     pickled = PickledRows.of(ring, obs_leaves, leaves_of(act_space, pickled=True))

@@ -61,7 +61,8 @@ cdef class StepperSetup:
     ``kind_of`` sorts info values into table columns and ``dump_records`` pickles the
     infos that do not fit (``fastvec._core.infos``). The rest are the segment's optional
     arrays: the info table and its mask, the final observations' int marks
-    (``final_pytype``, with the Discrete leaves' ``int_paths``) and each env's cost.
+    (``final_pytype``, with the Discrete leaves' ``int_paths``), each env's cost, and
+    which envs are paused (``Engine.pause``).
     """
     envs: list
     rows: object
@@ -83,6 +84,7 @@ cdef class StepperSetup:
     int_paths: list = None
     final_pytype: object = None
     cost: object = None
+    paused: object = None
 
 
 cdef class Stepper:
@@ -101,6 +103,9 @@ cdef class Stepper:
     # measured costs (``env_cost`` in the segment), None without that array.
     cdef long long[:, ::1] cost
     cdef bint timed
+    # Per env, 1 while paused (``Engine.pause``): not stepped; its rows read no reward, no end.
+    cdef cnp.uint8_t[::1] paused
+    cdef bint can_pause
     cdef list obs_leaves, final_leaves, obs_paths, act_leaves
     cdef object act_space, build_nested, kind_of, dump_records
     # Pickled leaves (``fastvec._core.pickled``): a step's reply is made by this
@@ -134,6 +139,9 @@ cdef class Stepper:
         if self.rows.shape[0] != self.n_local:
             raise ValueError(f"{self.n_local} envs but {self.rows.shape[0]} rows")
         self.timed = setup.cost is not None
+        self.can_pause = setup.paused is not None
+        if self.can_pause:
+            self.paused = setup.paused
         if self.timed:
             self.cost = setup.cost
         self.num_envs = setup.num_envs
@@ -278,6 +286,11 @@ cdef class Stepper:
         cdef long long t0 = fv_now_ns() if self.timed else 0, t1
         for j in range(self.n_local):
             i = self.rows[j]
+            if self.can_pause and self.paused[i]:
+                self.rewards[slot, i] = 0.0
+                self.terminated[slot, i] = 0
+                self.truncated[slot, i] = 0
+                continue
             self.current = i
             env = self.envs[j]
             if self.mode == AUTORESET_NEXT_STEP and self._needs_reset[j]:

@@ -10,7 +10,8 @@ in around whatever the member draws (its initial weights, its sampling noise, it
 minibatch permutations), so that member k draws the stream its run alone would.
 
 A member that has finished (solved, or out of steps) no longer acts or learns; its envs
-keep stepping on its last actions, their results unread.
+are paused (``MemberEnvs.pause``: its workers no longer step them) where the engine can
+pause them, else they step on its last actions, their results unread.
 """
 
 from __future__ import annotations
@@ -127,20 +128,21 @@ class Population:
                 ppo.collector.threads.use(ppo.collector.threads.act)
                 with torch.inference_mode():
                     ppo.collector.draw_noise(ppo.rollout.noise)
-        if self._actor is not None and len(members) == self.size:
-            t_act, t_env = self._steps_at_once(ppos)
+        if self._actor is not None:
+            t_act, t_env = self._steps_at_once(members, ppos)
         else:
             t_act, t_env = self._steps(ppos)
         for ppo, spent in zip(ppos, t_act):
             ppo.collector.count(spent, t_env, ppo.T)
             ppo.count_rollout()
 
-    def _steps_at_once(self, ppos: list) -> tuple[list[float], float]:
-        """``_steps`` with every member acting in one batched pass (``StackedActor``);
-        each member's share of the acting time is an equal part."""
+    def _steps_at_once(self, members: list[int], ppos: list) -> tuple[list[float], float]:
+        """``_steps`` with the members named acting in one batched pass (``StackedActor``;
+        the pass computes the finished members' rows too, into their paused envs' actions,
+        unread); each member's share of the acting time is an equal part."""
         actor, step, perf = self._actor, self.envs.step, time.perf_counter
         t_act = t_env = 0.0
-        actor.begin(ppos)
+        actor.begin(members, ppos)
         for t in range(ppos[0].T):
             t0 = perf()
             actor.act(t)
@@ -148,7 +150,7 @@ class Population:
             step(t + 1)
             t_env += perf() - t1
             t_act += t1 - t0
-        actor.end(ppos)
+        actor.end(members, ppos)
         return [t_act / len(ppos)] * len(ppos), t_env
 
     def _steps(self, ppos: list) -> tuple[list[float], float]:

@@ -361,8 +361,9 @@ class StackedActor:
     """The members' acting step at once: every member's actor on its rows of the slot
     (``[K, N, ...]`` views of the storage's ``[K N, ...]`` arrays), numpy's batched matmul
     over the actor rows of ``StackedMembers``; the arithmetic of ``NumpyActor`` per member.
-    ``begin(ppos)`` before a rollout (the members' noise, normalisers); ``act(t)`` acts on
-    slot t into slot t + 1; ``end(ppos)`` gives each member its raw samples."""
+    ``begin(members, ppos)`` before a rollout (the acting members' noise and normalisers;
+    the others' rows act on zero noise, unread); ``act(t)`` acts on slot t into slot t + 1;
+    ``end(members, ppos)`` gives each acting member its raw samples."""
 
     @staticmethod
     def why_not(ppos: list) -> str | None:
@@ -381,16 +382,22 @@ class StackedActor:
         self.raw: np.ndarray | None = None
         self.norm: tuple | None = None
 
-    def begin(self, ppos: list) -> None:
-        """A rollout's start: the members' sampling noise stacked, their normalisers read."""
-        self.noise = np.stack([ppo.rollout.noise.numpy() for ppo in ppos], 1)  # [T, K, N, ...]
+    def begin(self, members: list[int], ppos: list) -> None:
+        """A rollout's start: the acting members' (``members``, their ``ppos``) sampling
+        noise stacked, their normalisers read; the rows of the others act on nothing."""
+        first_noise = ppos[0].rollout.noise.numpy()
+        K = self.act_rows.shape[1]
+        self.noise = np.zeros((first_noise.shape[0], K, *first_noise.shape[1:]), first_noise.dtype)  # [T, K, N, ...]
+        for k, ppo in zip(members, ppos):
+            self.noise[:, k] = ppo.rollout.noise.numpy()
         first = ppos[0].policy.acting_path().numpy
         self.np_actor = first
         if first.norm is not None:
-            paths = [ppo.policy.acting_path().numpy for ppo in ppos]
-            shift = np.stack([p.norm[0] for p in paths])[:, None]
-            scale = np.stack([p.norm[1] for p in paths])[:, None]
-            self.norm = (shift, scale, first.norm[2])
+            shift = np.zeros((K, *first.norm[0].shape), first.norm[0].dtype)
+            scale = np.ones((K, *first.norm[1].shape), first.norm[1].dtype)
+            for k, ppo in zip(members, ppos):
+                shift[k], scale[k] = ppo.policy.acting_path().numpy.norm[:2]
+            self.norm = (shift[:, None], scale[:, None], first.norm[2])
         self.raw = np.empty(self.noise.shape, np.float32) if first.gaussian else None
 
     def act(self, t: int) -> None:
@@ -418,8 +425,8 @@ class StackedActor:
             params += self.noise[t].reshape(K, n, -1)
             self.act_rows[t + 1].reshape(K, n)[...] = params.argmax(-1)
 
-    def end(self, ppos: list) -> None:
-        """The rollout's raw Gaussian samples into each member's rollout (its learner's)."""
+    def end(self, members: list[int], ppos: list) -> None:
+        """The rollout's raw Gaussian samples into each acting member's rollout (its learner's)."""
         if self.raw is not None:
-            for k, ppo in enumerate(ppos):
+            for k, ppo in zip(members, ppos):
                 ppo.rollout.raw.numpy()[...] = self.raw[:, k]

@@ -98,6 +98,7 @@ class Members:
                 monitor.close()
                 envs.rows[k].reset(env_seeds(m.cfg.seed, 0, envs.per_member))
                 pop.freeze_actions(k, envs.rows[k].single_action_space.sample())
+                envs.pause(k)
                 continue
             run = Run(
                 m.cfg,
@@ -146,6 +147,7 @@ class Members:
     def _end(self, k: int) -> None:
         """Member k's run ends here: its result, final checkpoint and plot."""
         run = self.runs[k]
+        self.envs.pause(k)
         with self.population.as_member(k):
             run.end()
             run.release()

@@ -112,5 +112,12 @@ class MemberEnvs:
     def step(self, slot: int) -> None:
         self.storage.step(slot)
 
+    def pause(self, k: int) -> None:
+        """Member k's envs are no longer stepped (it has finished): where the engine can
+        leave them (``Engine.pause``), they cost no worker a step; else they step on."""
+        pause = getattr(self.storage, "pause", None)
+        if pause is not None:
+            pause(k * self.per_member, (k + 1) * self.per_member)
+
     def close(self) -> None:
         self.storage.close()

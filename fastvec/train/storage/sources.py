@@ -261,6 +261,14 @@ class EngineStorage:
         self._after_step()
         self._check_masks(slot, *self.groups[g])
 
+    def pause(self, first: int, last: int) -> bool:
+        """Leave envs ``first .. last - 1`` unstepped from the next step on
+        (``Engine.pause``); False where the engine cannot (they go on stepping)."""
+        if not hasattr(self.engine, "pause"):
+            return False
+        self.engine.pause(range(first, last))
+        return True
+
     def lost_wakeups(self) -> int | None:
         counts = self.engine.wait_counts()
         return counts["parent"]["lost"] + sum(w["lost"] for w in counts["workers"])
