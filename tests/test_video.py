@@ -256,3 +256,70 @@ def test_tracking_gets_the_runs_videos(tmp_path, monkeypatch):
     assert step == 4096 and media == {
         f"videos/{e['file'][:-4]}": ("video", str(d / "videos" / e["file"])) for e in index
     }
+
+
+SIZED = """
+import gymnasium as gym
+import numpy as np
+
+
+class Sized(gym.Env):
+    \"\"\"A step counter that renders a frame ``width`` wide, its brightness the count.\"\"\"
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, render_mode=None, width=32):
+        self.render_mode, self.width, self.t = render_mode, int(width), 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(1, self.t / 10, np.float32), 1.0, False, self.t >= 10, {}
+
+    def render(self):
+        return np.full((16, self.width, 3), 20 * self.t, np.uint8)
+
+
+gym.register("Sized-v0", entry_point=__name__ + ":Sized")
+"""
+
+
+def test_video_settings_reach_the_filmed_env_only(tmp_path, capsys, monkeypatch):
+    """``--video-settings width=64``: the videos' frames are 64 wide (the env's default
+    32), in ``fastvec eval`` and in ``fastvec train --video-every``; the run's own envs
+    never get the setting (its checkpoint's env settings stay empty); a setting the env
+    does not take, or bad text, is one line before anything is filmed."""
+    (tmp_path / "fvsized.py").write_text(textwrap.dedent(SIZED))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    d = tmp_path / "run"
+    args = ["fvsized:Sized-v0", "--total-steps", "256", "--logdir", str(d), *SMALL]
+    args += ["--video-every", "128", "--video-settings", "width=64", "--set", "n_steps=16", "--num-envs", "4"]
+    assert cli_main("train", args) == 0
+    capsys.readouterr()
+    index = json.loads((d / "videos" / "videos.json").read_text())["videos"]
+    assert index and all(frames(d / "videos" / e["file"])[0].shape == (16, 64, 3) for e in index)
+    ckpt = load_checkpoint(str(d))
+    assert not ckpt.get("env_kwargs") and ckpt["config"]["video_settings"] == "width=64"
+    out = tmp_path / "eval"
+    assert cli_main("eval", [str(d), "--episodes", "2", "--video", str(out), "--video-settings", "width=48"]) == 0
+    capsys.readouterr()
+    shots = frames(next(out.glob("*.mp4")))
+    assert len(shots) == 11 and shots[0].shape == (16, 48, 3)
+    one_line_error(
+        capsys,
+        cli_main("eval", [str(d), "--video", str(out), "--video-settings", "zoom=2"]),
+        "does not film with the video settings {'zoom': 2}",
+    )
+    one_line_error(
+        capsys, cli_main("eval", [str(d), "--video", str(out), "--video-settings", "zoom"]), "--video-settings:"
+    )
+    one_line_error(capsys, cli_main("eval", [str(d), "--video-settings", "width=48"]), "give video_dir too")
+    bad = ["fvsized:Sized-v0", "--video-every", "100", "--video-settings", "zoom=2", "--logdir", str(tmp_path / "b")]
+    one_line_error(capsys, cli_main("train", [*bad, "--no-progress"]), "does not film with the video settings")
+    assert not (tmp_path / "b").exists()

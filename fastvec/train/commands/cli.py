@@ -10,9 +10,10 @@ eval`` calls ``fastvec.train.commands.evaluate.evaluate``.
                   [--set key=value ...] [--init-from CHECKPOINT] [--no-progress]
                   [--checkpoint-every N] [--backend engine|ray] [--ray-address ADDR] [--actors N]
                   [--nproc N] [--action-mask none|auto|info|method|dict] [--video-every N]
-                  [--track wandb [--track-option key=value ...]] [--seeds K] [--sweep KEY=V1,V2]
+                  [--video-settings key=value,...] [--track wandb [--track-option key=value ...]] [--seeds K] [--sweep KEY=V1,V2]
     fastvec train --resume RUN_DIR [--total-steps N] [--set safe_key=value ...]
     fastvec eval CHECKPOINT [--episodes N] [--seed N] [--env ENV_ID] [--stochastic] [--video DIR]
+                 [--video-settings key=value,...] [--member K|LABEL|best]
 
 Both print one JSON object as the last line of stdout and exit 0 on success; ``fastvec
 train`` leaves a model card, ``RUN_DIR/README.md`` (``fastvec.train.run.card``). Bad input
@@ -85,6 +86,13 @@ def _eval_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="film every episode into DIR as an MP4 (return and length in its name; videos.json lists them)",
     )
+    p.add_argument(
+        "--video-settings",
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="with --video, the filmed env's own settings: width=320,height=240, a camera "
+        '(MuJoCo: default_camera_config={"type":2,"trackbodyid":1} follows the body)',
+    )
     p.add_argument("--member", default=None, help="a population's member (fastvec train --seeds): index, label or best")
     return p
 
@@ -144,6 +152,7 @@ def _apply_flags(cfg, args) -> None:
         "max_seconds": getattr(args, "max_time", None),
         "device": args.device,
         "action_mask": getattr(args, "action_mask", None),
+        "video_settings": getattr(args, "video_settings", None),
     }
     steps = (("total_steps", args.total_steps), ("checkpoint_every", args.checkpoint_every))
     for name, value in (*steps, ("video_every", args.video_every)):
@@ -366,6 +375,7 @@ def _eval(argv) -> int:
     args = _eval_parser().parse_args(argv)
     if args.episodes < 1:
         return fail_line("eval", ValueError(f"--episodes must be positive, got {args.episodes}"), 2)
+    from ...env_ids import parse_settings
     from ...errors import WorkerError
     from ..algo.checkpoints import load_checkpoint
     from .evaluate import evaluate
@@ -376,6 +386,7 @@ def _eval(argv) -> int:
     try:
         path, member = member_path(args.checkpoint, args.member)
         ckpt = load_checkpoint(path)
+        settings = None if args.video_settings is None else parse_settings(args.video_settings, "--video-settings")
     except ValueError as exc:
         return fail_line("eval", exc, 2)
     try:
@@ -387,6 +398,7 @@ def _eval(argv) -> int:
             env_id=args.env,
             num_envs=args.num_envs,
             video_dir=args.video,
+            video_settings=settings,
         )
     except WorkerError as exc:  # an env failed (also an instance of the env's exception type)
         return fail_line("eval", exc, 1)

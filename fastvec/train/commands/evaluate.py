@@ -24,6 +24,7 @@ def evaluate(
     *,
     video_dir: str | None = None,
     video_prefix: str | None = None,
+    video_settings: dict | None = None,
 ) -> dict:
     """Run ``episodes`` episodes of a checkpoint's policy (in-process, vectorised).
 
@@ -44,14 +45,18 @@ def evaluate(
     (``episode-003-return-212.5-len-500.mp4``; ``video_prefix`` in place of
     ``episode-003``), listed in its ``videos.json`` and in the result's ``videos``
     (``fastvec.train.commands.filming``); the episodes and returns are the same as without.
+    ``video_settings``: the filmed envs' own settings besides the run's (a frame's
+    ``width`` and ``height``, a camera), which must not change what the env does.
     """
     ckpt = load_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
     env_id = _env_of(ckpt, env_id, episodes)
     mix = ckpt.get("mix")
     if video_dir is not None:
         headless_gl()
-        check_video(env_id, ckpt.get("env_kwargs"), video_dir, mix=mix)
-    venv, group = _eval_envs(ckpt, env_id, episodes, num_envs, video_dir)
+        check_video(env_id, ckpt.get("env_kwargs"), video_dir, mix=mix, settings=video_settings)
+    elif video_settings:
+        raise ValueError("video_settings are for the filmed envs: give video_dir too")
+    venv, group = _eval_envs(ckpt, env_id, episodes, num_envs, (video_dir, video_settings))
     reel = None
     if video_dir is not None:
         reel = Reel(venv, video_dir, video_prefix, seed=seed, env_steps=ckpt.get("env_steps"))
@@ -113,9 +118,10 @@ def _env_of(ckpt: dict, env_id: str | None, episodes: int) -> str:
     return env_id
 
 
-def _envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None, video_dir: str | None = None):
+def _envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None, video=(None, None)):
     """The eval envs' factories and each one's group (a mix's envs drawn evenly from its
-    groups, at least one per group); with ``video_dir``, filmed envs (not of a mix)."""
+    groups, at least one per group); with ``video = (folder, settings)``, filmed envs
+    (not of a mix)."""
     from ..config.mix import group_of, mix_factories
     from ..config.presets import env_factory
 
@@ -127,7 +133,7 @@ def _envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None, video_di
         return [fns[i] for i in picks], group_of(mix)[picks]
     n = min(episodes, num_envs or 8)
     kwargs = ckpt.get("env_kwargs")
-    fn = env_factory(env_id, kwargs) if video_dir is None else filmed_factory(env_id, kwargs, video_dir)
+    fn = env_factory(env_id, kwargs) if video[0] is None else filmed_factory(env_id, kwargs, *video)
     return [fn] * n, np.zeros(n, np.int64)
 
 
@@ -135,9 +141,9 @@ def _masked(ckpt: dict) -> bool:
     return (ckpt.get("config") or {}).get("action_mask", "none") != "none"
 
 
-def _eval_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None, video_dir: str | None = None):
+def _eval_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None, video=(None, None)):
     """The vector env to evaluate on (in this process; a PettingZoo env's copies in a
-    worker) and each env's group; with ``video_dir``, its envs filmed."""
+    worker) and each env's group; with ``video = (folder, settings)``, its envs filmed."""
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
     from ...env_ids import is_pettingzoo
@@ -146,7 +152,7 @@ def _eval_envs(ckpt: dict, env_id: str, episodes: int, num_envs: int | None, vid
         return _agent_envs(ckpt, env_id, episodes, num_envs)
     from ...action_masks import check_action_mask, masked_factory
 
-    fns, group = _envs(ckpt, env_id, episodes, num_envs, video_dir)
+    fns, group = _envs(ckpt, env_id, episodes, num_envs, video)
     if _masked(ckpt):  # the source training read (checked on one env first)
         source = check_action_mask(fns[0], ckpt["config"]["action_mask"])
         fns = [masked_factory(fn, source) for fn in fns]

@@ -35,10 +35,11 @@ def headless_gl() -> None:
         os.environ["MUJOCO_GL"] = "egl"
 
 
-def check_video(env_id: str, env_kwargs: dict | None, folder: str, *, mix=None) -> str:
+def check_video(env_id: str, env_kwargs: dict | None, folder: str, *, mix=None, settings: dict | None = None) -> str:
     """ConfigError, one line, where videos of ``env_id`` cannot be written into
     ``folder``: imageio-ffmpeg missing, a folder that cannot be written, a mix or a
-    PettingZoo env, an env without ``rgb_array`` rendering. The folder, made."""
+    PettingZoo env, an env without ``rgb_array`` rendering, ``settings`` (the filmed
+    env's own: a frame's size, a camera) it does not take. The folder, made."""
     from ...env_ids import is_pettingzoo
     from ..config.presets import env_factory
 
@@ -57,6 +58,14 @@ def check_video(env_id: str, env_kwargs: dict | None, folder: str, *, mix=None) 
         env.close()
     if "rgb_array" not in modes:
         raise ConfigError(f"{env_id} has no rgb_array rendering to film (its render_modes: {modes or 'none'})")
+    if settings:
+        try:
+            env_factory(env_id, {**(env_kwargs or {}), **settings, "render_mode": "rgb_array"})().close()
+        except Exception as exc:  # a setting the env does not take
+            text = str(exc).strip().splitlines()
+            raise ConfigError(
+                f"{env_id} does not film with the video settings {settings}: {type(exc).__name__}: {text[0] if text else ''}"
+            ) from None
     try:
         os.makedirs(folder, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=TMP_PREFIX):
@@ -66,12 +75,13 @@ def check_video(env_id: str, env_kwargs: dict | None, folder: str, *, mix=None) 
     return folder
 
 
-def filmed_factory(env_id: str, env_kwargs: dict | None, folder: str):
-    """A picklable factory of ``env_id``'s envs rendering ``rgb_array`` frames, each
-    wrapped in a ``Film`` writing into ``folder``."""
+def filmed_factory(env_id: str, env_kwargs: dict | None, folder: str, settings: dict | None = None):
+    """A picklable factory of ``env_id``'s envs (with ``settings`` besides ``env_kwargs``:
+    the filmed env's own) rendering ``rgb_array`` frames, each wrapped in a ``Film``
+    writing into ``folder``."""
     from ..config.presets import env_factory
 
-    fn = env_factory(env_id, {**(env_kwargs or {}), "render_mode": "rgb_array"})
+    fn = env_factory(env_id, {**(env_kwargs or {}), **(settings or {}), "render_mode": "rgb_array"})
     return functools.partial(_filmed, fn, folder)
 
 

@@ -433,9 +433,7 @@ def _start(plan: _Start) -> dict:
     env_kwargs, mix = storage_args["env_kwargs"], storage_args["mix"]
     recorder = None
     if plan.videos is not None:
-        recorder = VideoRecorder(
-            plan.videos, cfg.video_every, monitor, env_id=plan.env_id, env_kwargs=env_kwargs, seed=cfg.seed
-        )
+        recorder = VideoRecorder(plan.videos, cfg, monitor, env_id=plan.env_id, env_kwargs=env_kwargs)
     try:
         return train(
             cfg,

@@ -46,7 +46,9 @@ def video_folder(cfg, env_id: str | None, env_kwargs: dict | None, run_dir: str 
         raise ConfigError("video_every films an env given by its id, not a vector env of your own")
     if run_dir is None:
         raise ConfigError("video_every writes into the run directory: give one")
-    return check_video(env_id, env_kwargs, os.path.join(run_dir, "videos"), mix=mix)
+    from ..config.rules import video_settings
+
+    return check_video(env_id, env_kwargs, os.path.join(run_dir, "videos"), mix=mix, settings=video_settings(cfg))
 
 
 class VideoRecorder:
@@ -54,9 +56,12 @@ class VideoRecorder:
     safe points (``at``), its answers logged to ``monitor`` (``Monitor.video``), the queue
     waited for at the end (``finish``), the process ended (``close``)."""
 
-    def __init__(self, folder: str, every: int, monitor, *, env_id: str | None, env_kwargs: dict | None, seed: int):
-        self.folder, self.every, self.monitor = folder, int(every), monitor
-        self.env_id, self.env_kwargs, self.seed = env_id, env_kwargs, seed
+    def __init__(self, folder: str, cfg, monitor, *, env_id: str | None, env_kwargs: dict | None):
+        from ..config.rules import video_settings
+
+        self.folder, self.every, self.monitor = folder, int(cfg.video_every), monitor
+        self.env_id, self.env_kwargs, self.seed = env_id, env_kwargs, cfg.seed
+        self.settings = video_settings(cfg)  # the filmed env's own (a frame's size, a camera)
         self.proc: subprocess.Popen | None = None
         self.next: int | None = None  # the env step the next video is due at
         self.pending = 0  # jobs handed over, not answered
@@ -80,7 +85,8 @@ class VideoRecorder:
             self.proc = _start_recorder(self.folder)
         fd, job = tempfile.mkstemp(prefix=_JOB_PREFIX, suffix=".pt", dir=self.folder)
         os.close(fd)
-        save_checkpoint(job, ppo, self.env_id, self.env_kwargs, extra={"video_seed": self.seed})
+        extra = {"video_seed": self.seed, "video_settings": self.settings}
+        save_checkpoint(job, ppo, self.env_id, self.env_kwargs, extra=extra)
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(job.encode() + b"\n")
@@ -202,8 +208,12 @@ def _film(job: str, folder: str) -> dict:
     try:
         ckpt = load_checkpoint(job)
         steps = int(ckpt["env_steps"])
-        seed = int((ckpt.get("extra") or {}).get("video_seed", 0))
-        res = evaluate(ckpt, episodes=1, seed=seed, num_envs=1, video_dir=folder, video_prefix=f"step-{steps:09d}")
+        extra = ckpt.get("extra") or {}
+        seed, settings = int(extra.get("video_seed", 0)), extra.get("video_settings") or None
+        prefix = f"step-{steps:09d}"
+        res = evaluate(
+            ckpt, episodes=1, seed=seed, num_envs=1, video_dir=folder, video_prefix=prefix, video_settings=settings
+        )
         entry = dict(res["videos"][0])
         entry["file"] = os.path.basename(entry["file"])
         return entry

@@ -138,6 +138,7 @@ SAFE_ON_RESUME = frozenset(
         "checkpoint_every",
         "keep_checkpoints",
         "video_every",
+        "video_settings",
         "restart_on_error",
         "max_restarts",
         "restart_window",

@@ -22,6 +22,7 @@ __all__ = [
     "check_schedule",
     "check_pipeline",
     "check_core",
+    "video_settings",
 ]
 
 LR_SCHEDULES = ("linear", "constant", "adaptive")
@@ -69,6 +70,8 @@ def check_pipeline(cfg) -> None:
         raise ConfigError(f"action_mask must be one of {', '.join(ACTION_MASKS)}, got {cfg.action_mask!r}")
     if cfg.action_mask != "none" and cfg.pipeline == "async":
         raise ConfigError("action masks need pipeline=lockstep (the async learner does not read them)")
+    if cfg.video_settings:
+        video_settings(cfg)
     if cfg.targets not in TARGETS:
         raise ConfigError(f"targets must be one of {', '.join(TARGETS)}, got {cfg.targets!r}")
     if cfg.targets == "vtrace" and cfg.pipeline != "async":
@@ -128,3 +131,16 @@ def check_schedule(cfg) -> None:
             f"lr={cfg.lr!r} is outside [lr_min, lr_max] = [{cfg.lr_min!r}, {cfg.lr_max!r}] "
             "(the adaptive schedule starts at lr and stays within them)"
         )
+
+
+def video_settings(cfg) -> dict:
+    """``cfg.video_settings`` as the filmed env's extra settings (empty: none);
+    ConfigError, one line, on bad text."""
+    from ...env_ids import parse_settings
+
+    if not cfg.video_settings:
+        return {}
+    try:
+        return parse_settings(cfg.video_settings, "video_settings")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

@@ -320,6 +320,10 @@ class PPOConfig:
     video_every: int = 0
     """Env steps between videos of one deterministic evaluation episode, filmed in a process
     of its own into the run directory's ``videos/`` (``fastvec train --video-every``; 0: none)."""
+    video_settings: str = ""
+    """Settings for the filmed env only, ``KEY=VALUE,...`` as ``--env-kwargs`` reads them: a
+    frame's ``width`` and ``height``, a camera (MuJoCo's ``camera_name``, or
+    ``default_camera_config={"type": 2, "trackbodyid": 1}`` to follow a body)."""
 
     # ---- the transport's keys, flat as before the split (not fields: ``transport`` holds them)
     num_workers = _InTransport[int | None]()
