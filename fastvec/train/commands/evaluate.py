@@ -51,11 +51,7 @@ def evaluate(
     ckpt = load_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
     env_id = _env_of(ckpt, env_id, episodes)
     mix = ckpt.get("mix")
-    if video_dir is not None:
-        headless_gl()
-        check_video(env_id, ckpt.get("env_kwargs"), video_dir, mix=mix, settings=video_settings)
-    elif video_settings:
-        raise ValueError("video_settings are for the filmed envs: give video_dir too")
+    _check_filming(ckpt, env_id, video_dir, video_settings)
     venv, group = _eval_envs(ckpt, env_id, episodes, num_envs, (video_dir, video_settings))
     reel = None
     if video_dir is not None:
@@ -98,6 +94,15 @@ def evaluate(
             for k, g in enumerate(mix)
         ]
     return out
+
+
+def _check_filming(ckpt: dict, env_id: str, video_dir: str | None, settings: dict | None) -> None:
+    """``check_video`` where the episodes are filmed (ConfigError, one line)."""
+    if video_dir is not None:
+        headless_gl()
+        check_video(env_id, ckpt.get("env_kwargs"), video_dir, mix=ckpt.get("mix"), settings=settings)
+    elif settings:
+        raise ValueError("video_settings are for the filmed envs: give video_dir too")
 
 
 def _env_of(ckpt: dict, env_id: str | None, episodes: int) -> str:
