@@ -693,3 +693,25 @@ def test_tune_benchmark_ratios_are_per_round():
         in table
     )
     assert [layout.num_workers for layout in bench_tune.grid(8, 2) if layout.batch_mode is None] == [1, 2, 3, 4]
+
+
+def test_minigrid_dict_is_minigrids_observation_without_mission():
+    """benchmarks/harness/minigrid_dict.py: the Dict both trainers take is MiniGrid's own
+    observation of the same seeded episode, its image as float32 codes, mission dropped."""
+    minigrid = pytest.importorskip("minigrid")
+    from harness.minigrid_dict import ENV_ID, door_key
+
+    assert minigrid is not None
+    env, ref = door_key(), gym.make(ENV_ID)
+    assert set(env.observation_space.spaces) == {"image", "direction"}
+    assert env.observation_space["image"].dtype == np.float32
+    assert env.observation_space["image"].shape == ref.observation_space["image"].shape
+    obs, _ = env.reset(seed=3)
+    want, _ = ref.reset(seed=3)
+    for step in range(40):
+        assert env.observation_space.contains(obs)
+        np.testing.assert_array_equal(obs["image"], want["image"].astype(np.float32))
+        assert obs["direction"] == want["direction"]
+        action = step % 3  # left, right, forward: the view and direction change
+        obs, *_ = env.step(action)
+        want, *_ = ref.step(action)
