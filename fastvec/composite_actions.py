@@ -130,11 +130,12 @@ class FlatActionBox(spaces.Box):
         return isinstance(other, FlatActionBox) and self.composite == other.composite
 
 
-def composite_action(space: spaces.Space, flat) -> dict | tuple:
-    """The env's own action (``space``'s ``Dict`` or ``Tuple``) from one flat vector."""
+def composite_action(space: spaces.Space, flat, leaves: list[ActionLeaf] | None = None) -> dict | tuple:
+    """The env's own action (``space``'s ``Dict`` or ``Tuple``) from one flat vector
+    (``leaves``: ``action_leaves(space)``, where the caller keeps them)."""
     flat = np.asarray(flat).reshape(-1)
     out: dict = {}
-    for leaf in action_leaves(space):
+    for leaf in leaves if leaves is not None else action_leaves(space):
         col = flat[leaf.start : leaf.start + leaf.width]
         sub = leaf.space
         if isinstance(sub, spaces.Discrete):
@@ -157,8 +158,9 @@ def _nest(space: spaces.Space, path: tuple, values: dict):
 
 def flat_action(space: spaces.Space, action) -> np.ndarray:
     """One composite action of ``space`` as the flat ``float32`` vector."""
-    out = np.empty(sum(leaf.width for leaf in action_leaves(space)), np.float32)
-    for leaf in action_leaves(space):
+    leaves = action_leaves(space)
+    out = np.empty(sum(leaf.width for leaf in leaves), np.float32)
+    for leaf in leaves:
         value = action
         for key in leaf.path:
             value = value[key]
@@ -173,9 +175,10 @@ class FlatActions(gym.ActionWrapper):
     def __init__(self, env: gym.Env):
         super().__init__(env)
         self.action_space = FlatActionBox(env.action_space)
+        self.leaves = action_leaves(env.action_space)  # (once: every step reads them)
 
     def action(self, action):
-        return composite_action(self.env.action_space, action)
+        return composite_action(self.env.action_space, action, self.leaves)
 
 
 def _with_flat_actions(fn: Callable[[], gym.Env]) -> gym.Env:

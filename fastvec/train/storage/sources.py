@@ -261,13 +261,11 @@ class EngineStorage:
         self._after_step()
         self._check_masks(slot, *self.groups[g])
 
-    def pause(self, first: int, last: int) -> bool:
+    def pause(self, first: int, last: int) -> None:
         """Leave envs ``first .. last - 1`` unstepped from the next step on
-        (``Engine.pause``); False where the engine cannot (they go on stepping)."""
-        if not hasattr(self.engine, "pause"):
-            return False
-        self.engine.pause(range(first, last))
-        return True
+        (``Engine.pause``), where the engine can (else they go on stepping)."""
+        if hasattr(self.engine, "pause"):
+            self.engine.pause(range(first, last))
 
     def lost_wakeups(self) -> int | None:
         counts = self.engine.wait_counts()
