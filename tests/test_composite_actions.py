@@ -22,6 +22,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
+import fastvec
 from fastvec.composite_actions import (
     FlatActionBox,
     FlatActions,
@@ -33,7 +34,7 @@ from fastvec.train import PPOConfig, env_factory, load_checkpoint, run_training
 from fastvec.train.model.distributions import ProductDist, make_dist
 
 TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
+ROOT = Path(fastvec.__file__).resolve().parent.parent  # (the fastvec under test: installed, under CI)
 ENV_ID = "envs:FvComposite-v0"
 
 
