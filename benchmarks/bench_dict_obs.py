@@ -43,15 +43,11 @@ import collections
 import json
 import os
 import platform
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
-from harness.cli_runs import return_rows, run_train
-from harness.common import Parser, cpu_model, machine, rotated, span, write_results
-from harness.processes import child_env, last_json
+from harness.common import Parser, cpu_model, machine, rotated, write_results
+from harness.races import child_run, fastvec_run, race_table
 
 ENV = "harness.minigrid_dict:door_key"
 CANDIDATES = ("fastvec", "SB3 MultiInputPolicy")
@@ -123,36 +119,16 @@ def child_sb3(seed: int, threshold: float, max_steps: int) -> dict:
     }
 
 
-def child_fastvec(seed: int, args) -> dict:
-    extra = ["--stop-at-return", str(args.threshold)]
-    sets = [s for s in args.fastvec_set if s]
-    with tempfile.TemporaryDirectory(prefix="bench-dict-obs-") as tmp:
-        logdir = os.path.join(tmp, "run")
-        r = run_train(
-            ENV, seed, total_steps=args.max_steps, sets=sets, extra_args=extra, logdir=logdir, timeout=args.timeout
-        )
-        means = [row["charts/mean_return"] for row in return_rows(logdir) if row.get("charts/episodes", 0) >= 20]
-    if r["final_mean_return"] is not None and r.get("final_return_episodes", 0) >= 20:
-        means.append(r["final_mean_return"])
-    out = {k: r[k] for k in ("solved", "env_steps", "wall_seconds", "final_mean_return")}
-    return {**out, "best_mean_return": max(means) if means else None}
-
-
 def one_run(name: str, seed: int, args) -> dict:
     """One candidate on one seed, in a fresh process."""
     if name == "fastvec":
-        return child_fastvec(seed, args)
+        return fastvec_run(ENV, seed, args, [])
     job = {"seed": seed, "threshold": args.threshold, "max_steps": args.max_steps}
-    cmd = [sys.executable, os.path.abspath(__file__), "--_child", json.dumps(job)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=child_env())
-    res = last_json(proc.stdout)
-    if proc.returncode != 0 or res is None:
-        raise SystemExit(f"{name} seed {seed}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-    return res
+    return child_run(__file__, name, seed, job, args.timeout)
 
 
 def report(runs: dict, args, wall: float) -> str:
-    ref = [r["wall_seconds"] for r in runs["SB3 MultiInputPolicy"] if r["solved"]]
+    table, level = race_table(runs, "SB3 MultiInputPolicy", "{:.3f}")
     lines = [
         f"# Dict observations: MiniGrid-DoorKey-5x5 to a mean return of {args.threshold:g} ({wall / 60:.0f} min)",
         "",
@@ -161,21 +137,7 @@ def report(runs: dict, args, wall: float) -> str:
         f"rotating by seed; at most {args.max_steps:,} env steps. Medians, min-max in brackets, over "
         "the seeds that reached the threshold.",
         "",
-        "| candidate | reached | time to it, s | env steps to it | final mean return | best mean return | time / SB3 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, rs in runs.items():
-        ok = [r for r in rs if r["solved"]]
-        t = [r["wall_seconds"] for r in ok]
-        ratio = f"{statistics.median(t) / statistics.median(ref):.2f}x" if t and ref else "-"
-        lines.append(
-            f"| {name} | {len(ok)} of {len(rs)} | {span(t, '{:.1f}')} | "
-            f"{span([r['env_steps'] for r in ok], '{:,.0f}')} | {span([r['final_mean_return'] for r in rs], '{:.3f}')} "
-            f"| {span([r.get('best_mean_return') for r in rs], '{:.3f}')} | {ratio} |"
-        )
-    bests = [min(b) for rs in runs.values() if (b := [r.get("best_mean_return") for r in rs]) and None not in b]
-    level = f"{min(bests):.3f}" if len(bests) == len(runs) else "n/a"
-    lines += [
+        *table,
         "",
         f"fastvec's settings: {' '.join(f'--set {s}' for s in args.fastvec_set if s) or 'the defaults'}; "
         f"SB3's: RL Zoo's ({', '.join(f'{k} {v:g}' for k, v in ZOO.items())}, 8 envs, VecNormalize). "

@@ -37,15 +37,11 @@ import collections
 import json
 import os
 import platform
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
-from harness.cli_runs import return_rows, run_train
-from harness.common import Parser, cpu_model, machine, rotated, span, write_results
-from harness.processes import child_env, last_json
+from harness.common import Parser, cpu_model, machine, rotated, write_results
+from harness.races import child_run, fastvec_run, race_table
 
 ENV = "Taxi-v4"
 CANDIDATES = ("fastvec masked", "fastvec unmasked", "MaskablePPO masked", "MaskablePPO unmasked")
@@ -108,31 +104,15 @@ def child_maskable(seed: int, masked: bool, threshold: float, max_steps: int) ->
 
 def one_run(name: str, seed: int, args) -> dict:
     """One candidate on one seed, in a fresh process."""
+    masked = name.endswith(" masked")
     if name.startswith("fastvec"):
-        source = "info" if name.endswith(" masked") else "none"
-        extra = ["--action-mask", source, "--stop-at-return", str(args.threshold)]
-        sets = [s for s in args.fastvec_set if s]
-        with tempfile.TemporaryDirectory(prefix="bench-masks-") as tmp:
-            logdir = os.path.join(tmp, "run")
-            r = run_train(
-                ENV, seed, total_steps=args.max_steps, sets=sets, extra_args=extra, logdir=logdir, timeout=args.timeout
-            )
-            means = [row["charts/mean_return"] for row in return_rows(logdir) if row.get("charts/episodes", 0) >= 20]
-        if r["final_mean_return"] is not None and r.get("final_return_episodes", 0) >= 20:
-            means.append(r["final_mean_return"])
-        out = {k: r[k] for k in ("solved", "env_steps", "wall_seconds", "final_mean_return")}
-        return {**out, "best_mean_return": max(means) if means else None}
-    job = {"seed": seed, "masked": name.endswith(" masked"), "threshold": args.threshold, "max_steps": args.max_steps}
-    cmd = [sys.executable, os.path.abspath(__file__), "--_child", json.dumps(job)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=child_env())
-    res = last_json(proc.stdout)
-    if proc.returncode != 0 or res is None:
-        raise SystemExit(f"{name} seed {seed}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-    return res
+        return fastvec_run(ENV, seed, args, ["--action-mask", "info" if masked else "none"])
+    job = {"seed": seed, "masked": masked, "threshold": args.threshold, "max_steps": args.max_steps}
+    return child_run(__file__, name, seed, job, args.timeout)
 
 
 def report(runs: dict, args, wall: float) -> str:
-    ref = [r["wall_seconds"] for r in runs["MaskablePPO masked"] if r["solved"]]
+    table, level = race_table(runs, "MaskablePPO masked")
     lines = [
         f"# Action masks: {ENV} to a mean return of {args.threshold:g} ({wall / 60:.0f} min)",
         "",
@@ -142,23 +122,7 @@ def report(runs: dict, args, wall: float) -> str:
         f"rotating by seed; at most {args.max_steps:,} env steps. Medians, min-max in brackets, over "
         "the seeds that reached the threshold.",
         "",
-        "| candidate | reached | time to it, s | env steps to it | final mean return | best mean return "
-        "| time / MaskablePPO masked |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, rs in runs.items():
-        ok = [r for r in rs if r["solved"]]
-        t = [r["wall_seconds"] for r in ok]
-        ratio = f"{statistics.median(t) / statistics.median(ref):.2f}x" if t and ref else "-"
-        finals = [r["final_mean_return"] for r in rs]
-        best = [r.get("best_mean_return") for r in rs]
-        lines.append(
-            f"| {name} | {len(ok)} of {len(rs)} | {span(t, '{:.1f}')} | "
-            f"{span([r['env_steps'] for r in ok], '{:,.0f}')} | {span(finals)} | {span(best)} | {ratio} |"
-        )
-    bests = [min(b) for rs in runs.values() if (b := [r.get("best_mean_return") for r in rs]) and None not in b]
-    level = f"{min(bests):.2f}" if len(bests) == len(runs) else "n/a"
-    lines += [
+        *table,
         "",
         f"fastvec's settings: {' '.join(f'--set {s}' for s in args.fastvec_set if s) or 'the defaults'}. "
         f"Best mean return: the highest mean of 20 consecutive episodes a run reached; the highest "
