@@ -41,13 +41,11 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import platform
 import sys
 import time
 
-from harness.common import Parser, cpu_model, machine, rotated, write_results
-from harness.races import child_run, fastvec_run, race_table
+from harness.common import machine, write_results
+from harness.races import child_run, fastvec_run, race, race_header, race_parser, race_table
 
 ENV = "harness.minigrid_dict:door_key"
 CANDIDATES = ("fastvec", "SB3 MultiInputPolicy")
@@ -130,13 +128,7 @@ def one_run(name: str, seed: int, args) -> dict:
 def report(runs: dict, args, wall: float) -> str:
     table, level = race_table(runs, "SB3 MultiInputPolicy", "{:.3f}")
     lines = [
-        f"# Dict observations: MiniGrid-DoorKey-5x5 to a mean return of {args.threshold:g} ({wall / 60:.0f} min)",
-        "",
-        f"`{args.command}`; {cpu_model()}, {os.cpu_count()} cores, {platform.system()}, "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Each run a fresh process, the order "
-        f"rotating by seed; at most {args.max_steps:,} env steps. Medians, min-max in brackets, over "
-        "the seeds that reached the threshold.",
-        "",
+        *race_header("Dict observations: MiniGrid-DoorKey-5x5", args, wall),
         *table,
         "",
         f"fastvec's settings: {' '.join(f'--set {s}' for s in args.fastvec_set if s) or 'the defaults'}; "
@@ -151,29 +143,10 @@ def main(argv=None) -> int:
     if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--_child":
         print(json.dumps(child_sb3(**json.loads(sys.argv[2]))))
         return 0
-    ap = Parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ap.add_argument("--threshold", type=float, default=0.9)
-    ap.add_argument("--max-steps", type=int, default=500_000, help="env steps at most, per run")
-    ap.add_argument("--timeout", type=float, default=3600.0)
-    ap.add_argument(
-        "--fastvec-set",
-        nargs="*",
-        default=FASTVEC_SET,
-        metavar="KEY=VALUE",
-        help="the fastvec runs' --set settings (none: the trainer's defaults)",
-    )
+    ap = race_parser(__doc__.splitlines()[0], 0.9, 500_000, FASTVEC_SET)
     args = ap.parse_args(argv)
     args.command = "python bench_dict_obs.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    t0 = time.perf_counter()
-    runs: dict[str, list] = {n: [] for n in CANDIDATES}
-    for i, seed in enumerate(args.seeds):
-        for name in rotated(list(CANDIDATES), i):
-            r = one_run(name, seed, args)
-            runs[name].append(r)
-            print(f"seed {seed} {name}: {r}", file=sys.stderr, flush=True)
-    wall = time.perf_counter() - t0
+    runs, wall = race(CANDIDATES, args, one_run)
     data = {
         "env_id": ENV,
         "seeds": args.seeds,

@@ -35,13 +35,11 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import platform
 import sys
 import time
 
-from harness.common import Parser, cpu_model, machine, rotated, write_results
-from harness.races import child_run, fastvec_run, race_table
+from harness.common import machine, write_results
+from harness.races import child_run, fastvec_run, race, race_header, race_parser, race_table
 
 ENV = "Taxi-v4"
 CANDIDATES = ("fastvec masked", "fastvec unmasked", "MaskablePPO masked", "MaskablePPO unmasked")
@@ -114,14 +112,7 @@ def one_run(name: str, seed: int, args) -> dict:
 def report(runs: dict, args, wall: float) -> str:
     table, level = race_table(runs, "MaskablePPO masked")
     lines = [
-        f"# Action masks: {ENV} to a mean return of {args.threshold:g} ({wall / 60:.0f} min)",
-        "",
-        f"`{args.command}`; "
-        f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()}, "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Each run a fresh process, the order "
-        f"rotating by seed; at most {args.max_steps:,} env steps. Medians, min-max in brackets, over "
-        "the seeds that reached the threshold.",
-        "",
+        *race_header(f"Action masks: {ENV}", args, wall),
         *table,
         "",
         f"fastvec's settings: {' '.join(f'--set {s}' for s in args.fastvec_set if s) or 'the defaults'}. "
@@ -135,29 +126,10 @@ def main(argv=None) -> int:
     if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--_child":
         print(json.dumps(child_maskable(**json.loads(sys.argv[2]))))
         return 0
-    ap = Parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ap.add_argument("--threshold", type=float, default=7.0)
-    ap.add_argument("--max-steps", type=int, default=2_000_000, help="env steps at most, per run")
-    ap.add_argument("--timeout", type=float, default=3600.0)
-    ap.add_argument(
-        "--fastvec-set",
-        nargs="*",
-        default=["n_epochs=10", "lr_schedule=constant"],
-        metavar="KEY=VALUE",
-        help="the fastvec runs' --set settings (none: the trainer's defaults)",
-    )
+    ap = race_parser(__doc__.splitlines()[0], 7.0, 2_000_000, ["n_epochs=10", "lr_schedule=constant"])
     args = ap.parse_args(argv)
     args.command = "python bench_masks.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    t0 = time.perf_counter()
-    runs: dict[str, list] = {n: [] for n in CANDIDATES}
-    for i, seed in enumerate(args.seeds):
-        for name in rotated(list(CANDIDATES), i):
-            r = one_run(name, seed, args)
-            runs[name].append(r)
-            print(f"seed {seed} {name}: {r}", file=sys.stderr, flush=True)
-    wall = time.perf_counter() - t0
+    runs, wall = race(CANDIDATES, args, one_run)
     data = {
         "env_id": ENV,
         "seeds": args.seeds,

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import textwrap
+import time
 
 import numpy as np
 import psutil
@@ -127,7 +128,8 @@ def test_video_every_films_at_the_safe_points(tmp_path):
     for e in index:
         m = NAME.match(e["file"])
         assert m and m.group(1) == f"step-{e['env_steps']:09d}"
-        assert len(frames(d / "videos" / e["file"])) == e["length"] + 1
+        # (--video-every films an episode's first 10 s: 500 frames at CartPole's 50 fps)
+        assert len(frames(d / "videos" / e["file"])) == e["frames"] == min(e["length"] + 1, 500)
         assert e["return"] == e["length"]  # (CartPole: +1 a step)
     acc = EventAccumulator(str(d)).Reload()
     logged = [(s.step, s.value) for s in acc.Scalars("videos/return")]
@@ -323,3 +325,222 @@ def test_video_settings_reach_the_filmed_env_only(tmp_path, capsys, monkeypatch)
     bad = ["fvsized:Sized-v0", "--video-every", "100", "--video-settings", "zoom=2", "--logdir", str(tmp_path / "b")]
     one_line_error(capsys, cli_main("train", [*bad, "--no-progress"]), "does not film with the video settings")
     assert not (tmp_path / "b").exists()
+
+
+def test_seconds_keep_an_episodes_first_frames(run, tmp_path, capsys):
+    """``seconds=0.1`` at CartPole's 50 fps: each file holds the episode's first 5
+    frames, those of the whole episode's film; the episodes still play to their end
+    (returns and lengths as without filming)."""
+    whole, short = tmp_path / "whole", tmp_path / "short"
+    for out, extra in ((whole, []), (short, ["--video-settings", "seconds=0.1"])):
+        assert cli_main("eval", [str(run), "--episodes", "3", "--seed", "2", "--video", str(out), *extra]) == 0
+    capsys.readouterr()
+    assert cli_main("eval", [str(run), "--episodes", "3", "--seed", "2"]) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    a, b = (json.load(open(d / "videos.json"))["videos"] for d in (whole, short))
+    assert [e["return"] for e in b] == [e["return"] for e in a] and [e["length"] for e in b] == [e["length"] for e in a]
+    assert float(np.mean([e["return"] for e in b])) == plain["mean_return"]
+    for x, y in zip(a, b, strict=True):
+        assert x["length"] > 5 and x["frames"] == x["length"] + 1 and y["frames"] == 5
+        full, clip = frames(whole / x["file"]), frames(short / y["file"])
+        assert len(clip) == 5 and max(diff(c, f) for c, f in zip(clip, full[:5], strict=True)) < 0.3
+
+
+def _render_or_skip(env) -> None:
+    try:
+        env.reset(seed=0)
+        env.render()
+    except Exception as exc:  # (no OpenGL here: EGL or OSMesa)
+        env.close()
+        pytest.skip(f"MuJoCo cannot render here: {type(exc).__name__}: {exc}")
+
+
+def test_draft_look_is_mujoco_without_shadows_reflections_antialiasing(tmp_path):
+    """A ``look=draft`` film's frames are those rendered by hand with MuJoCo's
+    shadows, reflections and anti-aliasing off (within codec noise), not the full look's."""
+    mujoco = pytest.importorskip("mujoco")
+    from fastvec.train.commands.filming import filmed_factory, headless_gl
+
+    headless_gl()
+    kwargs = {"width": 160, "height": 128, "camera_name": "track"}
+    probe = env_factory("HalfCheetah-v5", {**kwargs, "render_mode": "rgb_array"})()
+    _render_or_skip(probe)
+    probe.close()
+    actions = np.random.default_rng(0).uniform(-1, 1, (20, 6)).astype(np.float32)
+
+    def by_hand(draft: bool) -> list[np.ndarray]:
+        env = env_factory("HalfCheetah-v5", {**kwargs, "render_mode": "rgb_array"})()
+        if draft:
+            env.unwrapped.model.vis.quality.offsamples = 0
+        env.reset(seed=3)
+        shots = [env.render()]
+        if draft:
+            viewer = env.unwrapped.mujoco_renderer.viewer
+            viewer.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+            viewer.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+            shots = [env.render()]
+        for a in actions:
+            env.step(a)
+            shots.append(env.render())
+        env.close()
+        return shots
+
+    def filmed(look: str) -> list[np.ndarray]:
+        folder = tmp_path / look
+        folder.mkdir()
+        env = filmed_factory("HalfCheetah-v5", None, str(folder), {**kwargs, "look": look})()
+        env.reset(seed=3)
+        for a in actions:
+            env.step(a)
+        env.writer.close()  # (the episode goes on: its film so far)
+        shots = frames(env.path)
+        env.writer = None
+        env.close()
+        return shots
+
+    draft, full = by_hand(True), by_hand(False)
+    def blur(x):  # 8x8 blocks' means: the looks' broad differences, not the codec's edges
+        return x.reshape(16, 8, 20, 8, 3).mean(axis=(1, 3))
+
+    def gap(xs, ys) -> float:
+        return float(np.mean([np.abs(blur(x) - blur(y)).mean() for x, y in zip(xs, ys, strict=True)]))
+
+    assert gap(draft, full) > 1.0  # (the looks differ: here some 1.4 of 255 a pixel)
+    for look, ref, other in (("draft", draft, full), ("full", full, draft)):
+        video = filmed(look)
+        assert len(video) == len(ref) == 21
+        near, far = gap(video, ref), gap(video, other)
+        assert near < 0.7 * far, (look, near, far)  # (here some 1.1 against 2.2: the codec's colours)
+
+
+def test_bad_film_settings_one_line(run, tmp_path, capsys):
+    out = str(tmp_path / "v")
+    for text, expect in (
+        ("seconds=-1", "seconds must be a number >= 0"),
+        ("seconds=soon", "seconds must be a number >= 0"),
+        ("seconds=true", "seconds must be a number >= 0"),
+        ("look=pretty", "look must be one of full, draft"),
+    ):
+        one_line_error(capsys, cli_main("eval", [str(run), "--video", out, "--video-settings", text]), expect)
+        d = tmp_path / "never"
+        bad = ["CartPole-v1", "--video-every", "100", "--video-settings", text, "--logdir", str(d), "--no-progress"]
+        one_line_error(capsys, cli_main("train", bad), expect)
+        assert not d.exists()
+
+
+STAMPED = """
+import os
+import time
+
+import gymnasium as gym
+import numpy as np
+
+
+class Stamped(gym.Env):
+    \"\"\"60 steps of +1, each 0.5 ms. Filmed (rgb_array), each step appends its start
+    time (CLOCK_MONOTONIC, the same in every process) to $FV_STAMPS and takes 3 ms.\"\"\"
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
+    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, render_mode=None):
+        self.render_mode, self.t = render_mode, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        if self.render_mode == "rgb_array":
+            with open(os.environ["FV_STAMPS"], "a") as f:
+                f.write(f"{time.monotonic()}\\n")
+            time.sleep(0.003)
+        else:
+            time.sleep(0.0005)  # (the envs' step loop long enough to hold the recorder a while)
+        self.t += 1
+        return np.full(1, self.t / 60, np.float32), 1.0, False, self.t >= 60, {}
+
+    def render(self):
+        return np.full((8, 8, 3), self.t, np.uint8)
+
+
+gym.register("Stamped-v0", entry_point=__name__ + ":Stamped")
+"""
+
+
+def test_the_recorder_films_only_while_the_trainer_learns(tmp_path, capsys, monkeypatch):
+    """The filmed env's steps (stamped in the recorder's process) all start while the
+    trainer is learning (between a rollout's end and the next safe point, stamped here),
+    or after the run's end; never while the envs step."""
+    from fastvec.train.commands.videos import VideoRecorder
+
+    (tmp_path / "fvstamped.py").write_text(textwrap.dedent(STAMPED))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    stamps = tmp_path / "stamps.txt"
+    monkeypatch.setenv("FV_STAMPS", str(stamps))
+    marks: list[tuple[float, str]] = []  # (time, "hold" | "go")
+    at, learning, finish = VideoRecorder.at, VideoRecorder.learning, VideoRecorder.finish
+
+    def spy(fn, word):
+        def wrapped(self, *args):
+            out = fn(self, *args)  # (hold: stamped once the recorder is told; go: before)
+            marks.append((time.monotonic(), word))
+            return out
+
+        def go_first(self, *args):
+            marks.append((time.monotonic(), word))
+            return fn(self, *args)
+
+        return wrapped if word == "hold" else go_first
+
+    monkeypatch.setattr(VideoRecorder, "at", spy(at, "hold"))
+    monkeypatch.setattr(VideoRecorder, "learning", spy(learning, "go"))
+    monkeypatch.setattr(VideoRecorder, "finish", spy(finish, "go"))
+    d = tmp_path / "run"
+    args = ["fvstamped:Stamped-v0", "--total-steps", "12000", "--video-every", "1500", "--logdir", str(d), *SMALL]
+    assert cli_main("train", [*args, "--set", "n_epochs=8"]) == 0
+    capsys.readouterr()
+    index = json.load(open(d / "videos" / "videos.json"))["videos"]
+    steps = [float(x) for x in stamps.read_text().split()]
+    assert len(index) >= 5 and len(steps) == 60 * len(index)
+    end = marks[-1][0]  # (finish: go for good)
+    held = [(t, marks[k + 1][0]) for k, (t, w) in enumerate(marks[:-1]) if w == "hold" and marks[k + 1][1] == "go"]
+    assert held, marks
+    slack = 0.002  # (a step whose gate said go just before the hold)
+    inside = [s for s in steps if any(a + slack < s < b for a, b in held)]
+    assert inside == [], (len(inside), len(steps))
+    assert sum(s < end for s in steps) >= 60  # some filmed while the run went on, not all at its end
+
+
+def test_a_killed_trainer_leaves_no_recorder(tmp_path):
+    """kill -9 of ``fastvec train --video-every`` while its recorder is held: the
+    recorder (its gate's pipe and its stdin closed) exits by itself."""
+    import signal
+    import subprocess
+    import time as clock
+    from pathlib import Path
+
+    import fastvec
+
+    root = Path(fastvec.__file__).resolve().parent.parent  # (the fastvec under test)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    d = tmp_path / "run"
+    cmd = [sys.executable, "-m", "fastvec", "train", "CartPole-v1", "--total-steps", "10000000"]
+    cmd += ["--video-every", "2048", "--logdir", str(d), "--no-progress", "--no-tensorboard", "--num-workers", "1"]
+    trainer = psutil.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, recorder = clock.monotonic() + 120, None
+        while recorder is None and clock.monotonic() < deadline:
+            kids = [p for p in trainer.children() if "fastvec.train.commands.videos" in " ".join(p.cmdline())]
+            recorder = kids[0] if kids else None
+            clock.sleep(0.05)
+        assert recorder is not None, "no recorder started"
+        clock.sleep(1.0)  # (videos under way)
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(30)
+    assert recorder.wait(60) is not None or not recorder.is_running()
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(d) in " ".join(p.info["cmdline"] or [])]
+    assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in leftovers), leftovers

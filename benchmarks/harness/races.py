@@ -1,19 +1,66 @@
 """What the races to a return against a peer share (``bench_masks.py``,
-``bench_dict_obs.py``): a fastvec run to the threshold with the best mean return it
-reached, a peer's run in a child process of the script, and the report's table."""
+``bench_dict_obs.py``): their flags, the seeds run in rotating order, a fastvec run to
+the threshold with the best mean return it reached, a peer's run in a child process of
+the script, and the report's header and table."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 from .cli_runs import return_rows, run_train
-from .common import span
+from .common import Parser, cpu_model, rotated, span
 from .processes import child_env, last_json
+
+
+def race_parser(description: str, threshold: float, max_steps: int, fastvec_set: list[str]) -> Parser:
+    """The flags every race takes, with the race's defaults."""
+    ap = Parser(description=description)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--threshold", type=float, default=threshold)
+    ap.add_argument("--max-steps", type=int, default=max_steps, help="env steps at most, per run")
+    ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument(
+        "--fastvec-set",
+        nargs="*",
+        default=fastvec_set,
+        metavar="KEY=VALUE",
+        help="the fastvec runs' --set settings (none: the trainer's defaults)",
+    )
+    return ap
+
+
+def race(candidates, args, one_run) -> tuple[dict, float]:
+    """Every candidate on every seed (``one_run(name, seed, args)``, the order rotating
+    by seed): the runs by candidate, and the seconds it all took."""
+    t0 = time.perf_counter()
+    runs: dict[str, list] = {n: [] for n in candidates}
+    for i, seed in enumerate(args.seeds):
+        for name in rotated(list(candidates), i):
+            r = one_run(name, seed, args)
+            runs[name].append(r)
+            print(f"seed {seed} {name}: {r}", file=sys.stderr, flush=True)
+    return runs, time.perf_counter() - t0
+
+
+def race_header(title: str, args, wall: float) -> list[str]:
+    """The report's title and how it was measured (command, machine, date, method)."""
+    return [
+        f"# {title} to a mean return of {args.threshold:g} ({wall / 60:.0f} min)",
+        "",
+        f"`{args.command}`; {cpu_model()}, {os.cpu_count()} cores, {platform.system()}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Each run a fresh process, the order "
+        f"rotating by seed; at most {args.max_steps:,} env steps. Medians, min-max in brackets, over "
+        "the seeds that reached the threshold.",
+        "",
+    ]
 
 
 def fastvec_run(env_id: str, seed: int, args, extra: list[str]) -> dict:

@@ -91,7 +91,9 @@ def _eval_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="KEY=VALUE,...",
         help="with --video, the filmed env's own settings: width=320,height=240, a camera "
-        '(MuJoCo: default_camera_config={"type":2,"trackbodyid":1} follows the body)',
+        '(MuJoCo: default_camera_config={"type":2,"trackbodyid":1} follows the body); and the film\'s: '
+        "seconds=S of each episode (default 0: all), look=full|draft (MuJoCo without shadows, reflections, "
+        "anti-aliasing; default full)",
     )
     p.add_argument("--member", default=None, help="a population's member (fastvec train --seeds): index, label or best")
     return p

@@ -11,7 +11,7 @@ import torch
 from ..algo.checkpoints import check_spaces, load_checkpoint, policy_from_checkpoint
 from .filming import Reel, check_video, filmed_factory, headless_gl
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "Evaluation"]
 
 
 def evaluate(
@@ -49,23 +49,50 @@ def evaluate(
     ``width`` and ``height``, a camera), which must not change what the env does.
     """
     ckpt = load_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
-    env_id = _env_of(ckpt, env_id, episodes)
-    mix = ckpt.get("mix")
-    _check_filming(ckpt, env_id, video_dir, video_settings)
-    venv, group = _eval_envs(ckpt, env_id, episodes, num_envs, (video_dir, video_settings))
-    reel = None
-    if video_dir is not None:
-        reel = Reel(venv, video_dir, video_prefix, seed=seed, env_steps=ckpt.get("env_steps"))
+    run = Evaluation(ckpt, episodes, env_id, num_envs, video_dir=video_dir, video_settings=video_settings)
     try:
-        obs_space = venv.single_observation_space
-        check_spaces(ckpt, obs_space[0] if _masked(ckpt) else obs_space, venv.single_action_space, env_id)
-        torch.set_num_threads(1)
-        pol = policy_from_checkpoint(ckpt)
-        returns, lengths, groups, wall = _episodes(venv, pol, group, episodes, seed, deterministic, reel=reel)
+        return run.play(ckpt, seed, deterministic, video_prefix=video_prefix)
     finally:
+        run.close()
+
+
+class Evaluation:
+    """``evaluate``'s envs, made once for a checkpoint's env, and ``play``: its
+    episodes for that checkpoint or a later one of the same run (the recorder of
+    ``fastvec train --video-every`` films each video on the same env and renderer)."""
+
+    def __init__(self, ckpt: dict, episodes: int, env_id=None, num_envs=None, *, video_dir=None, video_settings=None):
+        self.env_id = _env_of(ckpt, env_id, episodes)
+        self.episodes, self.video_dir, self.mix = episodes, video_dir, ckpt.get("mix")
+        _check_filming(ckpt, self.env_id, video_dir, video_settings)
+        self.venv, self.group = _eval_envs(ckpt, self.env_id, episodes, num_envs, (video_dir, video_settings))
+
+    def play(self, ckpt: dict, seed: int = 0, deterministic: bool = True, *, video_prefix=None) -> dict:
+        """``episodes`` episodes of ``ckpt``'s policy, reset with ``seed``: ``evaluate``'s result."""
+        venv, reel = self.venv, None
+        if self.video_dir is not None:
+            reel = Reel(venv, self.video_dir, video_prefix, seed=seed, env_steps=ckpt.get("env_steps"))
+        try:
+            obs_space = venv.single_observation_space
+            check_spaces(ckpt, obs_space[0] if _masked(ckpt) else obs_space, venv.single_action_space, self.env_id)
+            torch.set_num_threads(1)
+            pol = policy_from_checkpoint(ckpt)
+            played = _episodes(venv, pol, self.group, self.episodes, seed, deterministic, reel=reel)
+        finally:
+            if reel is not None:
+                reel.close()
+        out = _summary(ckpt, self.env_id, played, deterministic, seed)
         if reel is not None:
-            reel.close()
-        venv.close()
+            out["videos"] = [{**e, "file": os.path.join(self.video_dir, e["file"])} for e in reel.entries]
+        return out
+
+    def close(self) -> None:
+        self.venv.close()
+
+
+def _summary(ckpt: dict, env_id: str, played, deterministic: bool, seed: int) -> dict:
+    """The result of the episodes ``played`` (returns, lengths, groups, seconds)."""
+    returns, lengths, groups, wall = played
     out = {
         "env_id": env_id,
         "episodes": len(returns),
@@ -80,8 +107,7 @@ def evaluate(
         "training_env_steps": ckpt.get("env_steps"),
         "wall_seconds": round(wall, 3),
     }
-    if reel is not None:
-        out["videos"] = [{**e, "file": os.path.join(video_dir, e["file"])} for e in reel.entries]
+    mix = ckpt.get("mix")
     if mix:
         rets, grp = np.array(returns), np.array(groups)
         out["groups"] = [

@@ -88,14 +88,17 @@ def file_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="film one deterministic evaluation episode every N env steps into RUN_DIR/videos/ "
-        'in a low-priority process of its own (1e5 accepted; needs imageio-ffmpeg: pip install "fastvec[envs]")',
+        "(its first 10 s, MuJoCo's draft look: see --video-settings) in a process of its own that films "
+        'while the trainer learns (1e5 accepted; needs imageio-ffmpeg: pip install "fastvec[envs]")',
     )
     p.add_argument(
         "--video-settings",
         default=None,
         metavar="KEY=VALUE,...",
         help="the filmed env's own settings: width=320,height=240, a camera "
-        '(MuJoCo: default_camera_config={"type":2,"trackbodyid":1} follows the body)',
+        '(MuJoCo: default_camera_config={"type":2,"trackbodyid":1} follows the body); and the film\'s: '
+        "seconds=S of each episode (0: all; default 10), look=draft|full (MuJoCo's shadows, reflections, "
+        "anti-aliasing; default draft)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard event files")

@@ -323,7 +323,9 @@ class PPOConfig:
     video_settings: str = ""
     """Settings for the filmed env only, ``KEY=VALUE,...`` as ``--env-kwargs`` reads them: a
     frame's ``width`` and ``height``, a camera (MuJoCo's ``camera_name``, or
-    ``default_camera_config={"type": 2, "trackbodyid": 1}`` to follow a body)."""
+    ``default_camera_config={"type": 2, "trackbodyid": 1}`` to follow a body); and the
+    film's own, ``seconds`` of each episode filmed (default 10; 0: all of it) and ``look``
+    (default ``draft``: MuJoCo without shadows, reflections and anti-aliasing; ``full``)."""
 
     # ---- the transport's keys, flat as before the split (not fields: ``transport`` holds them)
     num_workers = _InTransport[int | None]()

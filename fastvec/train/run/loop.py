@@ -296,6 +296,8 @@ class Run:
         """After a rollout: False where the run ends with it (solved, or its steps done)."""
         cfg, ppo = self.cfg, self.ppo
         self.phase = "learn"
+        if self.videos is not None:
+            self.videos.learning()
         if self.bar is not None:
             self.bar.update(ppo.T * ppo.N * self.ranks.world)
         self._mean_ret, full = self.mean_return()
