@@ -399,6 +399,7 @@ def test_draft_look_is_mujoco_without_shadows_reflections_antialiasing(tmp_path)
         return shots
 
     draft, full = by_hand(True), by_hand(False)
+
     def blur(x):  # 8x8 blocks' means: the looks' broad differences, not the codec's edges
         return x.reshape(16, 8, 20, 8, 3).mean(axis=(1, 3))
 

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 from ..config.rules import ConfigError
 from .filming import TMP_PREFIX, TRAINING_FILM, check_video
@@ -258,7 +259,7 @@ class _Filming:
 
     def __init__(self, folder: str):
         self.folder = folder
-        self.run = None  # the Evaluation
+        self.run: Any = None  # the Evaluation
 
     def film(self, job: str) -> dict:
         """One job: the episode filmed, its ``videos.json`` entry (the error where it failed)."""
@@ -310,20 +311,20 @@ class _Gate:
         os.set_blocking(fd, False)
 
     def wait(self) -> None:
-        while self.fd is not None:
+        while (fd := self.fd) is not None:
             try:
-                words = os.read(self.fd, 4096)
+                words = os.read(fd, 4096)
             except BlockingIOError:
                 words = None
             if words == b"":
-                os.close(self.fd)
+                os.close(fd)
                 self.fd, self.go = None, True
             elif words:
                 self.go = words[-1:] == b"g"
             if self.go:
                 return
             if words is None:
-                select.select([self.fd], [], [])
+                select.select([fd], [], [])
 
 
 def main(argv: list[str] | None = None, go: bool = False) -> int:
