@@ -66,10 +66,15 @@ def video_folder(cfg, env_id: str | None, env_kwargs: dict | None, run_dir: str 
         raise ConfigError("video_every films an env given by its id, not a vector env of your own")
     if run_dir is None:
         raise ConfigError("video_every writes into the run directory: give one")
+    return check_video(env_id, env_kwargs, os.path.join(run_dir, "videos"), mix=mix, settings=_film_settings(cfg))
+
+
+def _film_settings(cfg) -> dict:
+    """The filmed env's settings (a frame's size, a camera) and the film's: the
+    user's ``video_settings`` over ``TRAINING_FILM``."""
     from ..config.rules import video_settings
 
-    folder = os.path.join(run_dir, "videos")
-    return check_video(env_id, env_kwargs, folder, mix=mix, settings={**TRAINING_FILM, **video_settings(cfg)})
+    return {**TRAINING_FILM, **video_settings(cfg)}
 
 
 class VideoRecorder:
@@ -78,11 +83,9 @@ class VideoRecorder:
     waited for at the end (``finish``), the process ended (``close``)."""
 
     def __init__(self, folder: str, cfg, monitor, *, env_id: str | None, env_kwargs: dict | None):
-        from ..config.rules import video_settings
-
         self.folder, self.every, self.monitor = folder, int(cfg.video_every), monitor
         self.env_id, self.env_kwargs, self.seed = env_id, env_kwargs, cfg.seed
-        self.settings = {**TRAINING_FILM, **video_settings(cfg)}  # the env's (a frame's size, a camera), the film's
+        self.settings = _film_settings(cfg)
         self.proc: subprocess.Popen | None = None
         self.gate: int | None = None  # the pipe that holds the recorder (b"p") and lets it go (b"g")
         self.said = b""  # what it said last
