@@ -63,7 +63,7 @@ class Evaluation:
 
     def __init__(self, ckpt: dict, episodes: int, env_id=None, num_envs=None, *, video_dir=None, video_settings=None):
         self.env_id = _env_of(ckpt, env_id, episodes)
-        self.episodes, self.video_dir, self.mix = episodes, video_dir, ckpt.get("mix")
+        self.episodes, self.video_dir = episodes, video_dir
         _check_filming(ckpt, self.env_id, video_dir, video_settings)
         self.venv, self.group = _eval_envs(ckpt, self.env_id, episodes, num_envs, (video_dir, video_settings))
 
